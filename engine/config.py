@@ -1,0 +1,214 @@
+"""EngineConfig: the TOML file an operator edits, validated field by field.
+
+Every mistake is a ConfigError naming the key, the value and the allowed range;
+unknown keys are errors too (a typo must not silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL_DIR = REPO_ROOT / "resources" / "models" / "pagewarden-tiny-random"
+DEFAULT_CONFIG_PATH = REPO_ROOT / "resources" / "configs" / "default.toml"
+
+POOL_NAMES = ("prefill", "decode")
+SCRUB_POLICIES = ("zero", "poison", "none")
+KERNEL_CHOICES = ("auto", "triton", "torch")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+MAX_TOKENS = 1 << 31  # page tables and kernels index tokens with int32
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    path: str = ""  # empty: the embedded default model
+    dtype: str = "auto"
+    device: str = "auto"
+
+    def resolved_path(self) -> Path:
+        return Path(self.path) if self.path else DEFAULT_MODEL_DIR
+
+
+@dataclass(frozen=True)
+class EngineSection:
+    context_window: int = 2048
+    page_size: int = 16
+    max_batch: int = 16
+    max_prefill_tokens: int = 4096
+    scrub_policy: str = "zero"
+    kernels: str = "auto"
+    check_writer_tags: bool = True
+    strict_capacity: bool = False
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    name: str
+    pages: int
+
+    def capacity_tokens(self, page_size: int) -> int:
+        return self.pages * page_size
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    engine: EngineSection = field(default_factory=EngineSection)
+    pools: dict[str, PoolConfig] = field(
+        default_factory=lambda: {n: PoolConfig(n, 4096) for n in POOL_NAMES}
+    )
+    source: str = "<defaults>"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict in the TOML's shape (for status, telemetry and snapshots)."""
+        return {
+            "model": dataclasses.asdict(self.model),
+            "engine": dataclasses.asdict(self.engine),
+            "pools": {n: {"pages": p.pages} for n, p in self.pools.items()},
+        }
+
+    def replace(self, **sections: dict[str, Any]) -> "EngineConfig":
+        """A validated copy with some keys changed, e.g. replace(engine={"page_size": 32})."""
+        merged = self.to_dict()
+        for name, values in sections.items():
+            if name not in merged:
+                raise ConfigError(f"unknown section '{name}' (known: {', '.join(merged)})")
+            if name == "pools":
+                for pool, pool_values in values.items():
+                    merged["pools"].setdefault(pool, {}).update(pool_values)
+            else:
+                merged[name].update(values)
+        return config_from_dict(merged, source=self.source)
+
+
+def load_config(path: str | Path | None = None) -> EngineConfig:
+    """Read and validate a TOML config; None reads the shipped default.
+
+    Raises ConfigError for a missing file, bad TOML or any invalid value.
+    """
+    path = Path(path) if path is not None else DEFAULT_CONFIG_PATH
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    model = data.get("model")
+    if isinstance(model, dict) and model.get("path"):
+        # A relative model path is relative to the config file, not to the caller's cwd.
+        model_path = Path(model["path"])
+        if not model_path.is_absolute():
+            model["path"] = str((path.parent / model_path).resolve())
+    return config_from_dict(data, source=str(path))
+
+
+def config_from_dict(data: dict[str, Any], *, source: str = "<dict>") -> EngineConfig:
+    """Validate a TOML-shaped dict. Raises ConfigError naming the key and the limit."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: config must be a table, got {type(data).__name__}")
+    _no_unknown(data, {"model", "engine", "pools"}, "", source)
+    model = _section(data, "model", ModelSection, source)
+    engine = _section(data, "engine", EngineSection, source)
+    pools = _pools(data.get("pools", {n: {"pages": 4096} for n in POOL_NAMES}), source)
+    _check_choices(model, engine, source)
+    return EngineConfig(model=model, engine=engine, pools=pools, source=source)
+
+
+# ---- validation helpers -------------------------------------------------------------
+
+_RANGES = {
+    "context_window": (1, MAX_TOKENS - 1),
+    "page_size": (1, 1024),
+    "max_batch": (1, 4096),
+    "max_prefill_tokens": (1, MAX_TOKENS - 1),
+    "pages": (1, (1 << 31) - 1),
+}
+
+
+def _no_unknown(table: dict, known: set[str], prefix: str, source: str) -> None:
+    for key in table:
+        if key not in known:
+            raise ConfigError(
+                f"{source}: unknown key '{prefix}{key}' (known: {', '.join(sorted(known))})"
+            )
+
+
+def _typed(key: str, value: Any, kind: type, source: str) -> Any:
+    # bool is an int in Python; a boolean where a number belongs is still a mistake.
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
+    if kind is bool and not isinstance(value, bool):
+        raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
+    if kind is str and not isinstance(value, str):
+        raise ConfigError(f"{source}: {key} must be a string, got {value!r}")
+    short = key.rsplit(".", 1)[-1]
+    if kind is int and short in _RANGES:
+        low, high = _RANGES[short]
+        if not low <= value <= high:
+            raise ConfigError(
+                f"{source}: {key} = {value:,} is out of range: must be between {low:,} and {high:,}"
+            )
+    return value
+
+
+def _section(data: dict, name: str, cls: type, source: str):
+    table = data.get(name, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [{name}] must be a table, got {table!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    _no_unknown(table, set(fields), f"{name}.", source)
+    values = {}
+    for key, value in table.items():
+        kind = type(fields[key].default)
+        values[key] = _typed(f"{name}.{key}", value, kind, source)
+    return cls(**values)
+
+
+def _pools(table: Any, source: str) -> dict[str, PoolConfig]:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [pools] must be a table, got {table!r}")
+    _no_unknown(table, set(POOL_NAMES), "pools.", source)
+    pools = {}
+    for name in POOL_NAMES:
+        if name not in table:
+            raise ConfigError(f"{source}: missing [pools.{name}] (both pools are required)")
+        pool = table[name]
+        if not isinstance(pool, dict):
+            raise ConfigError(f"{source}: [pools.{name}] must be a table, got {pool!r}")
+        _no_unknown(pool, {"pages"}, f"pools.{name}.", source)
+        if "pages" not in pool:
+            raise ConfigError(f"{source}: pools.{name}.pages is required")
+        pools[name] = PoolConfig(name, _typed(f"pools.{name}.pages", pool["pages"], int, source))
+    return pools
+
+
+def _check_choices(model: ModelSection, engine: EngineSection, source: str) -> None:
+    choices = [
+        ("model.dtype", model.dtype, DTYPES),
+        ("engine.scrub_policy", engine.scrub_policy, SCRUB_POLICIES),
+        ("engine.kernels", engine.kernels, KERNEL_CHOICES),
+    ]
+    for key, value, allowed in choices:
+        if value not in allowed:
+            raise ConfigError(f"{source}: {key} = {value!r} is not one of {', '.join(allowed)}")
+    if not _valid_device(model.device):
+        raise ConfigError(
+            f"{source}: model.device = {model.device!r} is not one of auto, cpu, cuda, cuda:N"
+        )
+    if engine.page_size & (engine.page_size - 1):
+        raise ConfigError(
+            f"{source}: engine.page_size = {engine.page_size} must be a power of two"
+        )
+
+
+def _valid_device(device: str) -> bool:
+    if device in ("auto", "cpu", "cuda"):
+        return True
+    prefix, _, index = device.partition(":")
+    return prefix == "cuda" and index.isdigit()

@@ -1,0 +1,68 @@
+"""Errors a user can act on: each names the thing, the number and the limit.
+
+Every error carries a stable `code` so that it can cross the wire (issue 3) and be
+matched by tests without parsing prose.
+"""
+
+from __future__ import annotations
+
+
+class PageWardenError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+    code = "error"
+
+    def to_wire(self) -> dict:
+        return {"code": self.code, "message": str(self)}
+
+
+class ConfigError(PageWardenError, ValueError):
+    """A configuration value is missing, unknown, of the wrong type or out of range."""
+
+    code = "config_error"
+
+
+class CheckpointError(PageWardenError):
+    """A model directory cannot be loaded (missing file, unsupported architecture, bad tensor)."""
+
+    code = "checkpoint_error"
+
+
+class InvalidRequest(PageWardenError, ValueError):
+    """A request is malformed: empty prompt, token id outside the vocabulary, bad parameter."""
+
+    code = "invalid_request"
+
+
+class AdmissionRejected(PageWardenError):
+    """I2: the request cannot fit the context window or a pool; nothing was allocated."""
+
+    code = "admission_rejected"
+
+    def __init__(self, message: str, *, needed_tokens: int, limit_tokens: int, limit_name: str):
+        super().__init__(message)
+        self.needed_tokens = needed_tokens
+        self.limit_tokens = limit_tokens
+        self.limit_name = limit_name
+
+
+class PoolExhausted(PageWardenError):
+    """A pool has fewer free pages than asked for; nothing was allocated."""
+
+    code = "pool_exhausted"
+
+
+class IsolationError(PageWardenError):
+    """A page operation would break ownership (wrong owner, double free); nothing changed."""
+
+    code = "isolation_error"
+
+
+class OwnershipViolation(PageWardenError):
+    """I1: attention met pages this request does not own in this epoch; they were masked."""
+
+    code = "ownership_violation"
+
+    def __init__(self, message: str, *, pages: list[dict]):
+        super().__init__(message)
+        self.pages = pages

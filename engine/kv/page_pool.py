@@ -1,0 +1,218 @@
+"""PagePool: fixed-size KV pages for all layers, plus who owns and who wrote each page.
+
+Storage is page-major, `data[page, layer, k|v, token, kv_head, dim]`, so one page's bytes
+(every layer) are one contiguous block: a transfer sends it as one frame and a scrub
+clears it with one fill.
+
+Where the metadata lives: `writer` and `filled` are device tensors, because only the
+kernels that write K/V may set them and the attention kernel checks them. `owner`,
+`epoch` and `state` are host arrays kept by the allocator, which needs them on every
+allocate/free without a device round trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.errors import ConfigError, IsolationError, PoolExhausted
+from engine.kv.page_tags import FREE_OWNER, NO_WRITER, PageState
+
+SCRUB_VALUES = {"zero": 0.0, "poison": float("nan")}
+MAX_SLOT = (1 << 31) - 1
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    dtype: torch.dtype
+
+    @property
+    def page_shape(self) -> tuple[int, ...]:
+        return (self.num_layers, 2, self.page_size, self.num_kv_heads, self.head_dim)
+
+    @property
+    def bytes_per_page(self) -> int:
+        return int(np.prod(self.page_shape)) * torch.empty(0, dtype=self.dtype).element_size()
+
+
+@dataclass(frozen=True)
+class PageGrant:
+    """Pages handed to one owner by one allocate() call, with the epoch of each."""
+
+    pages: np.ndarray  # int32
+    epochs: np.ndarray  # int64
+
+
+class PagePool:
+    def __init__(
+        self,
+        name: str,
+        num_pages: int,
+        layout: PageLayout,
+        *,
+        device: torch.device | str = "cpu",
+        scrub_policy: str = "zero",
+        scrub_fn=None,
+    ):
+        """scrub_fn(data, pages_tensor, value) fills whole pages (kernels.scrub_pages)."""
+        if num_pages < 1:
+            raise ConfigError(f"pool {name!r}: pages = {num_pages} must be at least 1")
+        if scrub_policy not in (*SCRUB_VALUES, "none"):
+            raise ConfigError(
+                f"pool {name!r}: scrub policy {scrub_policy!r} is not one of zero, poison, none"
+            )
+        self.name = name
+        self.num_pages = num_pages
+        self.layout = layout
+        self.device = torch.device(device)
+        self.scrub_policy = scrub_policy
+        self._scrub_fn = scrub_fn or _scrub_with_index_fill
+        self.data = torch.zeros((num_pages, *layout.page_shape), dtype=layout.dtype, device=self.device)
+        self.writer = torch.full((num_pages,), NO_WRITER, dtype=torch.int64, device=self.device)
+        self.filled = torch.zeros(num_pages, dtype=torch.int32, device=self.device)
+        self.owner = np.full(num_pages, FREE_OWNER, dtype=np.int32)
+        self.epoch = np.zeros(num_pages, dtype=np.int64)
+        self.state = np.zeros(num_pages, dtype=np.uint8)
+        # Free pages as a stack: allocate pops a slice, free pushes one; O(1) per page.
+        self._free_stack = np.arange(num_pages - 1, -1, -1, dtype=np.int32)
+        self._free_top = num_pages
+        self.scrubbed_pages = 0
+
+    # ---- capacity -----------------------------------------------------------------
+    @property
+    def page_size(self) -> int:
+        return self.layout.page_size
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_pages * self.layout.page_size
+
+    @property
+    def free_pages(self) -> int:
+        return self._free_top
+
+    @property
+    def used_pages(self) -> int:
+        return self.num_pages - self._free_top
+
+    def pages_for_tokens(self, tokens: int) -> int:
+        return -(-tokens // self.layout.page_size)
+
+    # ---- allocation ---------------------------------------------------------------
+    def allocate(self, slot: int, n: int) -> PageGrant:
+        """Give `n` free pages to request `slot`, all or nothing.
+
+        Raises PoolExhausted (naming pool, asked and free) when fewer than n are free.
+        """
+        _check_slot(slot)
+        if n < 0:
+            raise ValueError(f"pool {self.name!r}: cannot allocate {n} pages")
+        if n > self._free_top:
+            raise PoolExhausted(
+                f"pool {self.name!r} has {self._free_top:,} free pages of {self.num_pages:,}; "
+                f"request slot {slot} asked for {n:,}"
+            )
+        top = self._free_top
+        pages = self._free_stack[top - n : top][::-1].copy()
+        self._free_top = top - n
+        self.epoch[pages] += 1
+        self.owner[pages] = slot
+        self.state[pages] = PageState.RESERVED
+        if n:
+            # Nothing of this epoch is written yet; the writer tag keeps the previous
+            # writer for forensics and can never match the new epoch.
+            self.filled[self._index(pages)] = 0
+        return PageGrant(pages, self.epoch[pages].copy())
+
+    def free(self, slot: int, pages: np.ndarray | list[int]) -> None:
+        """Return `slot`'s pages, scrubbed per policy.
+
+        Raises IsolationError, changing nothing, when a page is out of range, listed twice,
+        free already, or owned by another slot.
+        """
+        pages = self._validated(slot, pages, "free")
+        if not len(pages):
+            return
+        self._scrub(pages)
+        self.owner[pages] = FREE_OWNER
+        self.state[pages] = PageState.FREE
+        top = self._free_top
+        self._free_stack[top : top + len(pages)] = pages[::-1]
+        self._free_top = top + len(pages)
+
+    def set_state(self, slot: int, pages, state: PageState) -> None:
+        """Move `slot`'s own pages to RESERVED / IN_FLIGHT / WRITTEN / QUARANTINED."""
+        if state == PageState.FREE:
+            raise ValueError("use free() to release pages")
+        pages = self._validated(slot, pages, f"mark {state.name}")
+        self.state[pages] = state
+
+    # ---- views for kernels -----------------------------------------------------------
+    def k_cache(self, layer: int) -> torch.Tensor:
+        return self.data[:, layer, 0]
+
+    def v_cache(self, layer: int) -> torch.Tensor:
+        return self.data[:, layer, 1]
+
+    def metadata_snapshot(self) -> dict[str, np.ndarray]:
+        """Copies of all five metadata arrays on the host (telemetry, snapshots, tests)."""
+        return {
+            "owner": self.owner.copy(),
+            "epoch": self.epoch.copy(),
+            "writer": self.writer.cpu().numpy().copy(),
+            "filled": self.filled.cpu().numpy().copy(),
+            "state": self.state.copy(),
+        }
+
+    # ---- internals -------------------------------------------------------------------
+    def _index(self, pages: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(pages, dtype=np.int64)).to(self.device)
+
+    def _validated(self, slot: int, pages, action: str) -> np.ndarray:
+        _check_slot(slot)
+        pages = np.asarray(pages, dtype=np.int64).reshape(-1)
+        bad = pages[(pages < 0) | (pages >= self.num_pages)]
+        if len(bad):
+            raise IsolationError(
+                f"slot {slot} cannot {action} page {int(bad[0])}: pool {self.name!r} "
+                f"has pages 0..{self.num_pages - 1}"
+            )
+        unique, counts = np.unique(pages, return_counts=True)
+        if len(unique) != len(pages):
+            raise IsolationError(
+                f"slot {slot} cannot {action} page {int(unique[counts > 1][0])} of pool "
+                f"{self.name!r}: it is listed twice"
+            )
+        owners = self.owner[pages]
+        wrong = np.nonzero(owners != slot)[0]
+        if len(wrong):
+            page, holder = int(pages[wrong[0]]), int(owners[wrong[0]])
+            why = "it is already free" if holder == FREE_OWNER else f"it is owned by slot {holder}"
+            raise IsolationError(f"slot {slot} cannot {action} page {page} of pool {self.name!r}: {why}")
+        return pages.astype(np.int32)
+
+    def _scrub(self, pages: np.ndarray) -> None:
+        quarantined = self.state[pages] == PageState.QUARANTINED
+        policy = self.scrub_policy
+        if policy == "none":
+            # Measuring the cost of not scrubbing is allowed; leaving tainted pages is not.
+            pages = pages[quarantined]
+            policy = "zero"
+        if len(pages):
+            self._scrub_fn(self.data, self._index(pages), SCRUB_VALUES[policy])
+            self.scrubbed_pages += len(pages)
+
+
+def _check_slot(slot: int) -> None:
+    if not 0 <= slot <= MAX_SLOT:
+        raise ValueError(f"slot {slot} is outside 0..{MAX_SLOT}")
+
+
+def _scrub_with_index_fill(data: torch.Tensor, pages: torch.Tensor, value: float) -> None:
+    data.index_fill_(0, pages, value)

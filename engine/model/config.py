@@ -1,0 +1,126 @@
+"""ModelConfig: the parts of a Hugging Face config.json our decoder needs, checked."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import CheckpointError
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+_DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    dtype: str  # the checkpoint's declared dtype
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    sliding_window: int | None
+
+    @property
+    def group_size(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+def read_model_config(model_dir: Path) -> ModelConfig:
+    """Parse `<model_dir>/config.json`. Raises CheckpointError naming the file and the field."""
+    path = Path(model_dir) / "config.json"
+    if not Path(model_dir).is_dir():
+        raise CheckpointError(f"model directory not found: {model_dir}")
+    if not path.is_file():
+        raise CheckpointError(f"missing file: {path}")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON: {exc}") from None
+    return model_config_from_dict(raw, source=str(path))
+
+
+def model_config_from_dict(raw: dict, *, source: str = "config.json") -> ModelConfig:
+    archs = raw.get("architectures") or []
+    arch = archs[0] if archs else None
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise CheckpointError(
+            f"{source}: architecture {arch!r} is not supported; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+
+    def need(key: str):
+        if key not in raw:
+            raise CheckpointError(f"{source}: missing field '{key}'")
+        return raw[key]
+
+    hidden = int(need("hidden_size"))
+    heads = int(need("num_attention_heads"))
+    kv_heads = int(raw.get("num_key_value_heads") or heads)
+    head_dim = int(raw.get("head_dim") or hidden // heads)
+    if heads % kv_heads:
+        raise CheckpointError(
+            f"{source}: num_attention_heads {heads} is not a multiple of "
+            f"num_key_value_heads {kv_heads}"
+        )
+    is_qwen2 = arch == "Qwen2ForCausalLM"
+    eos = raw.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=int(need("vocab_size")),
+        hidden_size=hidden,
+        intermediate_size=int(need("intermediate_size")),
+        num_layers=int(need("num_hidden_layers")),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=_rope_theta(raw, source),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        # Qwen2 always has q/k/v bias; Llama declares it with attention_bias (o_proj too).
+        qkv_bias=is_qwen2 or bool(raw.get("attention_bias", False)),
+        o_bias=(not is_qwen2) and bool(raw.get("attention_bias", False)),
+        mlp_bias=bool(raw.get("mlp_bias", False)),
+        dtype=_declared_dtype(raw),
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=eos_ids,
+        sliding_window=_sliding_window(raw, is_qwen2),
+    )
+
+
+def _rope_theta(raw: dict, source: str) -> float:
+    # transformers 5 writes rope_parameters; older checkpoints write rope_theta (+ rope_scaling).
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise CheckpointError(
+            f"{source}: rope type {rope_type!r} is not supported (only 'default')"
+        )
+    return float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+
+
+def _declared_dtype(raw: dict) -> str:
+    name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+    return name if name in _DTYPE_NAMES else "float32"
+
+
+def _sliding_window(raw: dict, is_qwen2: bool) -> int | None:
+    if is_qwen2 and not raw.get("use_sliding_window", False):
+        return None
+    window = raw.get("sliding_window")
+    return int(window) if window else None

@@ -1,0 +1,230 @@
+"""Engine: the single-process engine (prefill and decode over one pool).
+
+It is the reference the disaggregated server is checked against and what
+`python main.py generate` runs. Admission happens in submit(), before anything is
+allocated; a request that passes it waits for pages, and is never truncated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from engine.admission import check_admission, check_prompt_ids
+from engine.config import EngineConfig
+from engine.errors import ConfigError, InvalidRequest, OwnershipViolation
+from engine.kv.page_pool import PageLayout, PagePool
+from engine.kv.page_tags import PageState, unpack_tag
+from engine.model.load import LoadedModel, load_model
+from engine.model_runner import ModelRunner
+from engine.request import Request, RequestOutput, RequestState, SamplingParams
+from engine.sampling import sample_next
+from engine.scheduler import Scheduler
+from kernels.backend import select_kernels
+
+
+@dataclass
+class EngineCounters:
+    submitted: int = 0
+    rejected: int = 0
+    finished: int = 0
+    failed: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    ownership_violations: int = 0
+    steps: int = 0
+    isolation_events: list[dict] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, model: LoadedModel | None = None):
+        self.config = config
+        eng = config.engine
+        self.model = model or load_model(
+            config.model.resolved_path(), dtype=config.model.dtype, device=config.model.device,
+            max_positions=eng.context_window,
+        )
+        cfg = self.model.config
+        if eng.context_window > self.model.decoder.max_positions:
+            raise ConfigError(
+                f"context window {eng.context_window:,} exceeds the {self.model.decoder.max_positions:,} "
+                f"positions the loaded model was prepared for; load it with max_positions >= the window"
+            )
+        if cfg.sliding_window is not None and eng.context_window > cfg.sliding_window:
+            raise ConfigError(
+                f"context window {eng.context_window:,} exceeds the model's sliding window "
+                f"{cfg.sliding_window:,}; sliding-window attention is not implemented"
+            )
+        self.kernels = select_kernels(eng.kernels, self.model.device)
+        layout = PageLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, eng.page_size, self.model.dtype)
+        # One process prefills and decodes in the same pool: the decode pool.
+        self.pool = PagePool(
+            "decode", config.pools["decode"].pages, layout, device=self.model.device,
+            scrub_policy=eng.scrub_policy, scrub_fn=self.kernels.scrub_pages,
+        )
+        self.runner = ModelRunner(
+            self.model.decoder, self.pool, self.kernels, check_writer_tags=eng.check_writer_tags
+        )
+        self.scheduler = Scheduler(self.pool, max_batch=eng.max_batch, max_prefill_tokens=eng.max_prefill_tokens)
+        self.counters = EngineCounters()
+        self.requests: dict[str, Request] = {}
+        self._slots = itertools.count(1)
+        self._generators: dict[str, torch.Generator] = {}
+        self._stop_ids = set(cfg.eos_token_ids)
+
+    # ---- requests -------------------------------------------------------------------
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams | None = None, *,
+        request_id: str | None = None, tenant: str = "default",
+    ) -> Request:
+        """Validate and admit a request (I2). Raises InvalidRequest or AdmissionRejected,
+        in which case nothing was allocated and the engine state is unchanged."""
+        params = params or SamplingParams()
+        slot = next(self._slots)
+        request_id = request_id or f"r{slot}"
+        if request_id in self.requests and not self.requests[request_id].done:
+            raise InvalidRequest(f"request id {request_id!r} is already in use")
+        self.counters.submitted += 1
+        try:
+            params.validate(request_id)
+            prompt = check_prompt_ids(request_id, prompt_ids, self.model.config.vocab_size)
+            check_admission(
+                request_id, len(prompt), params.max_new_tokens,
+                context_window=self.config.engine.context_window,
+                pool_capacity_tokens={
+                    n: p.capacity_tokens(self.config.engine.page_size) for n, p in self.config.pools.items()
+                },
+            )
+        except Exception:
+            self.counters.rejected += 1
+            raise
+        request = Request(request_id, prompt, params, tenant=tenant, slot=slot)
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+        return request
+
+    def abort(self, request_id: str, error=None) -> None:
+        request = self.requests.get(request_id)
+        if request is not None and not request.done:
+            self._finish(request, RequestState.FAILED, error.code if error else "aborted", error)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    # ---- the loop --------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Prefill newly started requests, decode one token for the running ones."""
+        plan = self.scheduler.schedule()
+        outputs: list[RequestOutput] = []
+        if plan.prefill:
+            logits = self.runner.prefill(plan.prefill)
+            for req in plan.prefill:
+                written = req.page_table.pages[: self.pool.pages_for_tokens(req.prompt_len)]
+                self.pool.set_state(req.slot, written, PageState.WRITTEN)
+            self.counters.prefill_tokens += sum(r.prompt_len for r in plan.prefill)
+            self._emit(plan.prefill, sample_next(logits, plan.prefill, self._generators), outputs)
+        if plan.decode:
+            result = self.runner.decode(plan.decode)
+            tokens = sample_next(result.logits, plan.decode, self._generators)
+            clean, clean_tokens = [], []
+            for req, tok, masked in zip(plan.decode, tokens, result.violations):
+                position = req.num_tokens - 1
+                if position % self.pool.page_size == 0:
+                    page = req.page_table.pages[position // self.pool.page_size]
+                    self.pool.set_state(req.slot, [page], PageState.WRITTEN)
+                if masked:
+                    # I1: never emit a token computed with pages this request does not own.
+                    self._fail_ownership(req, int(masked), outputs)
+                else:
+                    clean.append(req)
+                    clean_tokens.append(tok)
+            self.counters.decode_tokens += len(clean)
+            self._emit(clean, clean_tokens, outputs)
+        self.counters.steps += 1
+        return outputs
+
+    def run_until_idle(self) -> None:
+        while self.has_work:
+            self.step()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | None = None) -> list[Request]:
+        """Submit every prompt, run to completion, return the requests in order."""
+        requests = [self.submit(p, params) for p in prompts]
+        self.run_until_idle()
+        return requests
+
+    # ---- internals -------------------------------------------------------------------
+    def _emit(self, requests: list[Request], tokens: list[int], outputs: list[RequestOutput]) -> None:
+        now = time.monotonic()
+        for req, tok in zip(requests, tokens):
+            req.output_ids.append(tok)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            reason = self._finish_reason(req, tok)
+            if reason:
+                self._finish(req, RequestState.FINISHED, reason)
+            outputs.append(RequestOutput(req.request_id, [tok], req.done, req.finish_reason))
+
+    def _finish_reason(self, req: Request, tok: int) -> str | None:
+        if not req.params.ignore_eos and tok in self._stop_ids:
+            return "eos"
+        if tok in req.params.stop_token_ids:
+            return "stop"
+        if len(req.output_ids) >= req.params.max_new_tokens:
+            return "length"
+        return None
+
+    def _finish(self, req: Request, state: RequestState, reason: str, error=None) -> None:
+        self.scheduler.release(req)
+        req.state, req.finish_reason, req.error = state, reason, error
+        req.finish_time = time.monotonic()
+        self._generators.pop(req.request_id, None)
+        if state == RequestState.FINISHED:
+            self.counters.finished += 1
+        else:
+            self.counters.failed += 1
+
+    def _fail_ownership(self, req: Request, masked: int, outputs: list[RequestOutput]) -> None:
+        pages = self.ownership_report(req)
+        own = [p["page"] for p in pages if p["owner"] == req.slot]
+        if own:
+            self.pool.set_state(req.slot, own, PageState.QUARANTINED)
+        first = pages[0] if pages else {"page": "?", "writer": None, "expected": None}
+        error = OwnershipViolation(
+            f"request {req.request_id} (slot {req.slot}) met {masked} page(s) it does not own "
+            f"in this epoch; first: page {first['page']} of pool {self.pool.name!r} written by "
+            f"{first['writer']}, expected {first['expected']}; the pages were masked and the "
+            f"request aborted before the token reached the client",
+            pages=pages,
+        )
+        self.counters.ownership_violations += masked
+        self.counters.isolation_events.append(
+            {"kind": "ownership_violation", "request": req.request_id, "slot": req.slot, "pages": pages}
+        )
+        self._finish(req, RequestState.FAILED, error.code, error)
+        outputs.append(RequestOutput(req.request_id, [], True, error.code, error))
+
+    def ownership_report(self, req: Request) -> list[dict]:
+        """The pages of `req`'s context whose writer tag or fill level fails I1."""
+        table, ps = req.page_table, self.pool.page_size
+        seq_len = req.num_tokens
+        n = self.pool.pages_for_tokens(seq_len)
+        pages = table.pages[:n]
+        writer = self.pool.writer[torch.from_numpy(pages.astype(np.int64)).to(self.pool.device)].cpu().numpy()
+        filled = self.pool.filled[torch.from_numpy(pages.astype(np.int64)).to(self.pool.device)].cpu().numpy()
+        expected = table.expected_tags()[:n]
+        report = []
+        for j, page in enumerate(pages):
+            needed = min(ps, seq_len - j * ps)
+            if writer[j] != expected[j] or filled[j] < needed:
+                report.append({
+                    "page": int(page), "owner": int(self.pool.owner[page]),
+                    "writer": unpack_tag(int(writer[j])), "expected": unpack_tag(int(expected[j])),
+                    "filled": int(filled[j]), "needed": int(needed),
+                })
+        return report

@@ -1,0 +1,87 @@
+"""I1 in the engine: a page written by someone else is masked, reported with page, writer
+and reader, and the reading request is aborted before the token reaches the client."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.errors import OwnershipViolation
+from engine.kv.page_tags import PageState, pack_tag
+from engine.request import RequestState, SamplingParams
+
+
+def _start_two(engine):
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    a = engine.submit([256] + [66] * 40, params, request_id="a")
+    b = engine.submit([256] + [77] * 40, params, request_id="b")
+    for _ in range(3):
+        engine.step()
+    return a, b
+
+
+def _misdirected_write(engine, page: int, by_slot: int, epoch: int) -> None:
+    """Another request's kernel writes one token into `page` (the store kernel stamps it)."""
+    pool = engine.pool
+    shape = (1, pool.layout.num_kv_heads, pool.layout.head_dim)
+    for layer in range(pool.layout.num_layers):
+        engine.kernels.store_kv(
+            pool.k_cache(layer), pool.v_cache(layer), torch.ones(shape), torch.ones(shape),
+            torch.tensor([page * pool.page_size]), torch.tensor([pack_tag(by_slot, epoch)]),
+            pool.writer, pool.filled,
+        )
+
+
+def test_foreign_writer_aborts_the_reader_and_quarantines_the_page(make_engine):
+    engine = make_engine()
+    a, b = _start_two(engine)
+    victim_page = int(a.page_table.pages[1])
+    tokens_before = len(a.output_ids)
+    _misdirected_write(engine, victim_page, by_slot=b.slot, epoch=int(engine.pool.epoch[victim_page]))
+    outputs = {o.request_id: o for o in engine.step()}
+    assert outputs["a"].finished and outputs["a"].new_token_ids == []
+    assert isinstance(a.error, OwnershipViolation) and a.state == RequestState.FAILED
+    assert len(a.output_ids) == tokens_before  # nothing computed from that page was emitted
+    msg = str(a.error)
+    assert f"page {victim_page}" in msg and f"written by ({b.slot}," in msg and "expected (" in msg
+    assert a.error.pages[0]["page"] == victim_page and a.error.pages[0]["owner"] == a.slot
+    assert engine.counters.ownership_violations == 1
+    assert engine.counters.isolation_events[0]["request"] == "a"
+    # a's pages were freed; the quarantined one was scrubbed whatever the policy.
+    assert engine.pool.owner[victim_page] == -1
+    assert (engine.pool.data[victim_page] == 0).all()
+    # The other request is untouched and finishes.
+    engine.run_until_idle()
+    assert b.state == RequestState.FINISHED and len(b.output_ids) == 20
+
+
+def test_underfilled_page_is_a_violation(make_engine):
+    engine = make_engine()
+    a, _ = _start_two(engine)
+    page = int(a.page_table.pages[0])
+    engine.pool.filled[page] = 3  # as if a transfer wrote 3 of the 16 tokens
+    engine.step()
+    assert isinstance(a.error, OwnershipViolation)
+    assert a.error.pages[0] == {**a.error.pages[0], "page": page, "filled": 3, "needed": 16}
+
+
+def test_with_the_check_off_the_same_fault_goes_unnoticed(make_engine):
+    engine = make_engine(check_writer_tags=False)
+    a, b = _start_two(engine)
+    page = int(a.page_table.pages[1])
+    _misdirected_write(engine, page, by_slot=b.slot, epoch=int(engine.pool.epoch[page]))
+    engine.run_until_idle()
+    assert a.state == RequestState.FINISHED and a.error is None
+    assert engine.counters.ownership_violations == 0
+
+
+def test_pages_become_written_as_tokens_land(make_engine):
+    engine = make_engine(page_size=16)
+    req = engine.submit([256] * 16, SamplingParams(max_new_tokens=20, ignore_eos=True))
+    engine.step()  # prefill: page 0 holds 16 tokens
+    states = lambda: engine.pool.state[req.page_table.pages].tolist()  # noqa: E731
+    assert states() == [PageState.WRITTEN, PageState.RESERVED, PageState.RESERVED]
+    engine.step()  # decode writes position 16: the first token of page 1
+    assert states() == [PageState.WRITTEN, PageState.WRITTEN, PageState.RESERVED]
+    filled = engine.pool.filled[torch.from_numpy(req.page_table.pages.astype(np.int64))].tolist()
+    assert filled == [16, 1, 0]
