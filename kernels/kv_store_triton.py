@@ -8,6 +8,9 @@ import triton.language as tl
 
 from kernels.kv_store_ref import validate_store_inputs
 
+# pinned: Triton 3.9 warns when it is left to the default (and the default is about to change)
+_FP_FUSION = True
+
 
 @triton.jit
 def _store_kv_kernel(
@@ -66,4 +69,5 @@ def store_kv(
         PAGE_SIZE=page_size, NUM_KV_HEADS=num_kv_heads,
         HEADS_PAD=triton.next_power_of_2(num_kv_heads),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+        enable_fp_fusion=_FP_FUSION,
     )

@@ -16,23 +16,25 @@ import triton.language as tl
 
 from kernels.paged_attention_ref import validate_decode_inputs
 
-# finite so that a fully masked partition yields exp2(0) * 0 terms, never inf - inf = NaN
+# finite start for the running max: m_i - m_new is never -inf - (-inf) = NaN when all is masked
 _NEG_BIG = tl.constexpr(-1.0e30)
 _MAX_BLOCK_N = 64
+# pinned: Triton 3.9 warns when it is left to the default (and the default is about to change)
+_FP_FUSION = True
 
 
 @triton.jit
 def _decode_partition_kernel(
     q_ptr, k_ptr, v_ptr, block_table_ptr, expected_ptr, seq_lens_ptr, writer_ptr, filled_ptr,
     m_ptr, l_ptr, acc_ptr, violations_ptr,
-    qk_scale, num_pool_pages, table_width,
+    qk_scale, num_pool_pages, table_width, num_parts,
     stride_qb, stride_qh, stride_qd,
     stride_kp, stride_ks, stride_kh, stride_kd,
     stride_vp, stride_vs, stride_vh, stride_vd,
     stride_bt_b, stride_bt_p, stride_ex_b, stride_ex_p,
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr, NUM_PARTS: tl.constexpr,
+    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr,
     CHECK_TAGS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -99,7 +101,7 @@ def _decode_partition_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
 
-    row = (b * (GROUP * tl.num_programs(1)) + head) * NUM_PARTS + part
+    row = (b * (GROUP * tl.num_programs(1)) + head) * num_parts + part
     g_ok = g < GROUP
     tl.store(m_ptr + row, m_i, mask=g_ok)
     tl.store(l_ptr + row, l_i, mask=g_ok)
@@ -113,9 +115,9 @@ def _decode_partition_kernel(
 @triton.jit
 def _merge_partitions_kernel(
     m_ptr, l_ptr, acc_ptr, seq_lens_ptr, out_ptr,
-    table_width, stride_ob, stride_oh, stride_od,
+    table_width, num_parts, stride_ob, stride_oh, stride_od,
     PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    PARTITION: tl.constexpr, NUM_PARTS: tl.constexpr, NUM_PARTS_PAD: tl.constexpr,
+    PARTITION: tl.constexpr, NUM_PARTS_PAD: tl.constexpr,
 ):
     b = tl.program_id(0)
     head = tl.program_id(1)
@@ -123,7 +125,7 @@ def _merge_partitions_kernel(
     used = tl.cdiv(seq_len, PARTITION)
     parts = tl.arange(0, NUM_PARTS_PAD)
     part_ok = parts < used
-    row = (b * tl.num_programs(1) + head) * NUM_PARTS + parts
+    row = (b * tl.num_programs(1) + head) * num_parts + parts
     m = tl.load(m_ptr + row, mask=part_ok, other=_NEG_BIG)
     l_part = tl.load(l_ptr + row, mask=part_ok, other=0.0)
     m_all = tl.max(m, 0)
@@ -186,19 +188,23 @@ def paged_decode_attention(
     _decode_partition_kernel[(batch, num_kv_heads, num_parts)](
         q, k_cache, v_cache, block_table, expected_tags, seq_lens, writer, filled,
         part_max, part_sum, part_acc, violations,
-        scale * math.log2(math.e), num_pool_pages, table_width,
+        scale * math.log2(math.e), num_pool_pages, table_width, num_parts,
         *q.stride(), *k_cache.stride(), *v_cache.stride(),
         *block_table.stride(), *expected_tags.stride(),
         PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, head_dim_pad),
-        PARTITION=partition_size, BLOCK_N=min(_MAX_BLOCK_N, partition_size), NUM_PARTS=num_parts,
-        CHECK_TAGS=check_tags, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PARTITION=partition_size, BLOCK_N=min(_MAX_BLOCK_N, partition_size),
+        CHECK_TAGS=check_tags,
+        # float32 in, float32 math: keep GPU tl.dot off TF32; other dtypes take the default
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+        enable_fp_fusion=_FP_FUSION,
     )
     _merge_partitions_kernel[(batch, num_heads)](
         part_max, part_sum, part_acc, seq_lens, out,
-        table_width, *out.stride(),
-        PAGE_SIZE=page_size, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
-        PARTITION=partition_size, NUM_PARTS=num_parts,
+        table_width, num_parts, *out.stride(),
+        PAGE_SIZE=page_size, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, PARTITION=partition_size,
+        # a power of two: a growing block table recompiles the merge only at each doubling
         NUM_PARTS_PAD=triton.next_power_of_2(num_parts),
+        enable_fp_fusion=_FP_FUSION,
     )
     return out, violations

@@ -8,6 +8,8 @@ import triton.language as tl
 
 _BLOCK = 1024
 _MAX_BLOCKS_PER_PAGE = 256
+# pinned: Triton 3.9 warns when it is left to the default (and the default is about to change)
+_FP_FUSION = True
 
 
 @triton.jit
@@ -36,4 +38,5 @@ def scrub_pages(data: torch.Tensor, pages: torch.Tensor, value: float) -> None:
     page_numel = data[0].numel()
     # the second grid axis is capped (CUDA allows 65535); programs stride over the page
     grid = (pages.numel(), min(triton.cdiv(page_numel, _BLOCK), _MAX_BLOCKS_PER_PAGE))
-    _scrub_pages_kernel[grid](data, pages, float(value), page_numel, BLOCK=_BLOCK)
+    _scrub_pages_kernel[grid](data, pages, float(value), page_numel, BLOCK=_BLOCK,
+                              enable_fp_fusion=_FP_FUSION)

@@ -80,6 +80,28 @@ def weight_files(model_dir: Path) -> dict[str, Path]:
         raise CheckpointError(f"{single}: cannot read safetensors ({exc})") from None
 
 
+# checkpoint names stacked, in this order, into one fused parameter of ours
+_STACKED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def stack_projections(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """HF's per-projection tensors -> our fused qkv_proj / gate_up_proj parameters."""
+    out = dict(tensors)
+    for n in range(cfg.num_layers):
+        prefix = f"model.layers.{n}."
+        for fused, parts in _STACKED.items():
+            for kind in ("weight", "bias"):
+                names = [f"{prefix}{part}.{kind}" for part in parts]
+                if names[0] in out:
+                    out[f"{prefix}{fused}.{kind}"] = torch.cat([out.pop(name) for name in names])
+    if cfg.tie_word_embeddings:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    return out
+
+
 def load_decoder(
     model_dir: Path, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device, max_positions: int
 ) -> CausalDecoder:
@@ -113,7 +135,7 @@ def load_decoder(
             raise CheckpointError(f"{path}: cannot read safetensors ({exc})") from None
     with torch.device("meta"):
         decoder = CausalDecoder(cfg, max_positions)
-    decoder.load_state_dict(tensors, strict=False, assign=True)
+    decoder.load_state_dict(stack_projections(tensors, cfg), strict=True, assign=True)
     if cfg.tie_word_embeddings:
         decoder.lm_head.weight = decoder.model.embed_tokens.weight
     # The RoPE table was built on meta; rebuild it for real on the target device.

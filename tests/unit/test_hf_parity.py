@@ -63,7 +63,8 @@ def test_half_precision_loads_and_generates(dtype, checkpoint_dirs):
     name = str(dtype).removeprefix("torch.")
     model = load_model(checkpoint_dirs["qwen2-gqa"], dtype=name, device="cpu")
     assert all(p.dtype == dtype for p in model.decoder.parameters())
-    engine = Engine(_config(checkpoint_dirs["qwen2-gqa"]).replace(model={"dtype": name}), model)
+    config = _config(checkpoint_dirs["qwen2-gqa"], context_window=512).replace(model={"dtype": name})
+    engine = Engine(config, model)
     assert engine.pool.data.dtype == dtype
     (request,) = engine.generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=4, ignore_eos=True))
     assert len(request.output_ids) == 4

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -27,6 +30,7 @@ from tests.unit.test_kernels_ref import (  # noqa: E402
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -86,6 +90,43 @@ def test_triton_masks_foreign_page_and_counts_underfilled(seeded):
     assert_close(out[0].cpu(), without_foreign[0], 1e-5, seed)
     assert_close(out.cpu(), dense_oracle(cpu, tag_keep(cpu)), 1e-5, seed)
     assert_close(out.cpu(), ref_out.cpu(), 1e-5, seed)
+
+
+def test_triton_random_shapes_and_corruption_match_reference(seeded):
+    gen, seed = seeded
+
+    def pick(options):
+        return options[int(torch.randint(0, len(options), (1,), generator=gen))]
+
+    for trial in range(4):
+        lens = torch.randint(0, 50, (int(torch.randint(1, 5, (1,), generator=gen)),), generator=gen).tolist()
+        page_size = pick([1, 4, 5, 16])
+        case = on_device(build_case(gen, lens, kv_heads=pick([1, 2]), group=pick([1, 2, 4, 8]),
+                                    head_dim=pick([16, 24]), page_size=page_size))
+        for b, n in enumerate(lens):
+            for j in range(-(-n // page_size)):
+                page = int(case.block_table[b, j])
+                roll = int(torch.randint(0, 6, (1,), generator=gen))
+                if roll == 0:
+                    case.writer[page] = make_tag(600 + b, j)
+                elif roll == 1:
+                    case.filled[page] = int(torch.randint(0, page_size, (1,), generator=gen))
+        what = f"{seed} trial {trial}: lens {lens} page_size {page_size}"
+        (out, violations), (ref_out, ref_violations) = triton_and_reference(case, partition_size=pick([16, 32]))
+        assert violations.tolist() == ref_violations.tolist(), what
+        assert_close(out.cpu(), ref_out.cpu(), 1e-5, what)
+
+
+def test_triton_never_reads_a_page_outside_the_pool(seeded):
+    gen, seed = seeded
+    case = on_device(build_case(gen, [12, 6], head_dim=16))
+    case.block_table[0, 1] = 10**6  # a corrupt entry inside the sequence
+    out = torch.full_like(case.q, float("nan"))
+    out, violations = run_kernel(paged_decode_attention, case, out=out, partition_size=16)
+    assert violations.tolist() == [1, 0], seed
+    cpu = on_cpu(case)
+    keep = lambda b, j, s: b != 0 or j != 1  # noqa: E731
+    assert_close(out.cpu(), dense_oracle(cpu, keep), 1e-5, seed)
 
 
 def test_triton_unchecked_attends_everything(seeded):
@@ -149,6 +190,18 @@ def test_triton_scrub_fills_only_listed_pages(seeded, value):
             assert (data[page].isnan().all() if value != value else data[page].eq(0).all()), seed
         else:
             assert torch.equal(data[page], before[page]), seed
+
+
+def test_select_kernels_refuses_kernels_compiled_without_interpreter():
+    code = (
+        "import kernels.paged_attention_triton, kernels.kv_store_triton, kernels.scrub_triton\n"
+        "from kernels import select_kernels\n"
+        "try:\n    select_kernels('triton', 'cpu')\nexcept RuntimeError as e:\n    print(e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PAGEWARDEN_KERNELS")}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert "without TRITON_INTERPRET=1" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_select_kernels_triton(monkeypatch):
