@@ -35,17 +35,39 @@ class DenseCausalAttention:
         return out
 
 
+class KVWriter:
+    """Writes one forward pass's new K/V into the pool, layer by layer.
+
+    The writer tag and fill level are stamped by the store itself. Where the kernels offer
+    a plan (torch path), slots are resolved once and the tags stamped with the first
+    layer's write; otherwise every layer's store launch stamps them again (idempotent).
+    """
+
+    def __init__(self, pool, kernels: KernelSet, slot_mapping, writer_tags):
+        self.pool, self.kernels = pool, kernels
+        self.slot_mapping, self.writer_tags = slot_mapping, writer_tags
+        self.plan = kernels.plan_store(slot_mapping, pool.page_size) if kernels.plan_store else None
+        self.stamped = False
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        pool, kernels = self.pool, self.kernels
+        k_cache, v_cache = pool.k_cache(layer), pool.v_cache(layer)
+        if self.plan is None:
+            kernels.store_kv(k_cache, v_cache, k, v, self.slot_mapping, self.writer_tags, pool.writer, pool.filled)
+        elif self.stamped:
+            kernels.store_planned(k_cache, v_cache, k, v, self.plan)
+        else:
+            kernels.store_planned(k_cache, v_cache, k, v, self.plan, self.writer_tags, pool.writer, pool.filled)
+            self.stamped = True
+
+
 class PagedPrefillAttention(DenseCausalAttention):
     def __init__(self, pool, kernels: KernelSet, seq_lens: list[int], slot_mapping, writer_tags):
         super().__init__(seq_lens)
-        self.pool, self.kernels = pool, kernels
-        self.slot_mapping, self.writer_tags = slot_mapping, writer_tags
+        self.kv = KVWriter(pool, kernels, slot_mapping, writer_tags)
 
     def attend(self, layer, q, k, v):
-        self.kernels.store_kv(
-            self.pool.k_cache(layer), self.pool.v_cache(layer), k, v,
-            self.slot_mapping, self.writer_tags, self.pool.writer, self.pool.filled,
-        )
+        self.kv.write(layer, k, v)
         return super().attend(layer, q, k, v)
 
 
@@ -57,24 +79,31 @@ class PagedDecodeAttention:
         slot_mapping, writer_tags, check_tags: bool,
     ):
         self.pool, self.kernels = pool, kernels
+        self.kv = KVWriter(pool, kernels, slot_mapping, writer_tags)
         self.block_table, self.expected_tags, self.seq_lens = block_table, expected_tags, seq_lens
-        self.slot_mapping, self.writer_tags = slot_mapping, writer_tags
         self.check_tags = check_tags
         self.violations = torch.zeros(len(seq_lens), dtype=torch.int32, device=pool.device)
         self.out: torch.Tensor | None = None
+        self.plan = None
 
     def attend(self, layer, q, k, v):
-        pool = self.pool
-        k_cache, v_cache = pool.k_cache(layer), pool.v_cache(layer)
-        self.kernels.store_kv(
-            k_cache, v_cache, k, v, self.slot_mapping, self.writer_tags, pool.writer, pool.filled
-        )
+        pool, kernels = self.pool, self.kernels
+        self.kv.write(layer, k, v)
         if self.out is None:
             self.out = torch.empty_like(q)
+        k_cache, v_cache, scale = pool.k_cache(layer), pool.v_cache(layer), q.shape[-1] ** -0.5
+        if kernels.plan_decode is not None:
+            if self.plan is None:  # after the first layer's store: tags and fills are final
+                self.plan = kernels.plan_decode(
+                    self.block_table, self.expected_tags, self.seq_lens, pool.writer, pool.filled,
+                    pool.page_size, self.check_tags,
+                )
+                self.violations = self.plan.violations
+            return kernels.attend_planned(q, k_cache, v_cache, self.plan, scale=scale, out=self.out)
         # Every layer sees the same tags, so each call recounts the same violations.
-        out, _ = self.kernels.paged_decode_attention(
+        out, _ = kernels.paged_decode_attention(
             q, k_cache, v_cache, self.block_table, self.expected_tags, self.seq_lens,
-            pool.writer, pool.filled, scale=q.shape[-1] ** -0.5, check_tags=self.check_tags,
+            pool.writer, pool.filled, scale=scale, check_tags=self.check_tags,
             out=self.out, violations=self.violations,
         )
         return out

@@ -28,6 +28,8 @@ class ModelRunner:
         self.kernels = kernels
         self.check_writer_tags = check_writer_tags
         self.device = pool.device
+        self._tables_key: tuple[int, ...] | None = None
+        self._tables = None
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device, non_blocking=True)
@@ -48,18 +50,28 @@ class ModelRunner:
 
     def decode(self, requests: list[Request]) -> DecodeResult:
         """One new token per request: its last sampled token at position num_tokens - 1."""
-        positions = np.fromiter((r.num_tokens - 1 for r in requests), dtype=np.int64, count=len(requests))
-        tokens = np.fromiter((r.output_ids[-1] for r in requests), dtype=np.int64, count=len(requests))
-        tables = [r.page_table for r in requests]
-        slots = np.concatenate([t.slot_mapping(positions[i : i + 1]) for i, t in enumerate(tables)])
-        tags = np.concatenate([t.tags_for(positions[i : i + 1]) for i, t in enumerate(tables)])
-        pages, expected = block_tables(tables)
+        n = len(requests)
+        positions = np.fromiter((r.num_tokens - 1 for r in requests), dtype=np.int64, count=n)
+        tokens = np.fromiter((r.output_ids[-1] for r in requests), dtype=np.int64, count=n)
+        pages, expected, pages_t, expected_t = self._block_tables(requests)
+        rows, columns = np.arange(n), positions // self.pool.page_size
+        slots = pages[rows, columns].astype(np.int64) * self.pool.page_size + positions % self.pool.page_size
         ctx = PagedDecodeAttention(
             self.pool, self.kernels,
-            block_table=self._tensor(pages), expected_tags=self._tensor(expected),
+            block_table=pages_t, expected_tags=expected_t,
             seq_lens=self._tensor((positions + 1).astype(np.int32)),
-            slot_mapping=self._tensor(slots), writer_tags=self._tensor(tags),
+            slot_mapping=self._tensor(slots), writer_tags=self._tensor(expected[rows, columns]),
             check_tags=self.check_writer_tags,
         )
         logits = self.decoder(self._tensor(tokens), self._tensor(positions), ctx)
         return DecodeResult(logits, ctx.violations.cpu().numpy())
+
+    def _block_tables(self, requests: list[Request]):
+        """Block tables of the batch, rebuilt only when its membership changes: a request's
+        pages are reserved whole when it starts and never change while it runs."""
+        key = tuple(r.slot for r in requests)
+        if self._tables_key != key:
+            pages, expected = block_tables([r.page_table for r in requests])
+            self._tables = (pages, expected, self._tensor(pages), self._tensor(expected))
+            self._tables_key = key
+        return self._tables

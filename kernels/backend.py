@@ -22,6 +22,15 @@ class KernelSet:
     paged_decode_attention: Callable
     store_kv: Callable
     scrub_pages: Callable
+    # Optional split of paged_decode_attention into a once-per-step plan (tags, mask,
+    # violations) and a per-layer attend; the torch path uses it to check I1 once per
+    # step instead of once per layer. None where the kernel checks in every layer.
+    plan_decode: Callable | None = None
+    attend_planned: Callable | None = None
+    # Likewise for the store: resolve slots once per step, stamp tags once, then write
+    # each layer's K/V. None where store_kv is one cheap launch per layer.
+    plan_store: Callable | None = None
+    store_planned: Callable | None = None
 
 
 def select_kernels(choice: str, device) -> KernelSet:
@@ -43,11 +52,14 @@ def select_kernels(choice: str, device) -> KernelSet:
 
 
 def _torch_kernels() -> KernelSet:
-    from kernels.kv_store_ref import store_kv
-    from kernels.paged_attention_ref import paged_decode_attention
+    from kernels.kv_store_ref import plan_store, store_kv, store_planned
+    from kernels.paged_attention_ref import attend_planned, paged_decode_attention, plan_decode
     from kernels.scrub_ref import scrub_pages
 
-    return KernelSet("torch", paged_decode_attention, store_kv, scrub_pages)
+    return KernelSet(
+        "torch", paged_decode_attention, store_kv, scrub_pages,
+        plan_decode, attend_planned, plan_store, store_planned,
+    )
 
 
 def _triton_kernels(*, interpret: bool) -> KernelSet:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -25,6 +27,37 @@ def validate_store_inputs(k_cache, v_cache, k_new, v_new, slot_mapping, writer_t
         )
 
 
+@dataclass
+class StorePlan:
+    """Where one step's new tokens go, resolved once for all layers."""
+
+    keep: torch.Tensor | None  # [T] bool, None when every token is stored
+    pages: torch.Tensor  # [kept] int64
+    offsets: torch.Tensor  # [kept] int64
+
+
+def plan_store(slot_mapping: torch.Tensor, page_size: int) -> StorePlan:
+    keep = slot_mapping >= 0
+    if bool(keep.all()):
+        slots, keep = slot_mapping.to(torch.int64), None
+    else:
+        slots = slot_mapping[keep].to(torch.int64)
+    return StorePlan(keep, slots // page_size, slots % page_size)
+
+
+def store_planned(k_cache, v_cache, k_new, v_new, plan: StorePlan, writer_tags=None,
+                  writer=None, filled=None) -> None:
+    """Write K/V through a plan; with writer_tags, also stamp writer and filled."""
+    if plan.keep is not None:
+        k_new, v_new = k_new[plan.keep], v_new[plan.keep]
+    # index_put_ on the strided per-layer views writes through to the pool tensor
+    k_cache[plan.pages, plan.offsets] = k_new.to(k_cache.dtype)
+    v_cache[plan.pages, plan.offsets] = v_new.to(v_cache.dtype)
+    if writer_tags is not None:
+        writer[plan.pages] = writer_tags if plan.keep is None else writer_tags[plan.keep]
+        filled.scatter_reduce_(0, plan.pages, (plan.offsets + 1).to(filled.dtype), reduce="amax")
+
+
 def store_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -41,12 +74,5 @@ def store_kv(
     Raises ValueError on inconsistent shapes.
     """
     validate_store_inputs(k_cache, v_cache, k_new, v_new, slot_mapping, writer_tags)
-    page_size = k_cache.shape[1]
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    pages, offsets = slots // page_size, slots % page_size
-    # index_put_ on the strided per-layer views writes through to the pool tensor
-    k_cache[pages, offsets] = k_new[keep].to(k_cache.dtype)
-    v_cache[pages, offsets] = v_new[keep].to(v_cache.dtype)
-    writer[pages] = writer_tags[keep]
-    filled.scatter_reduce_(0, pages, (offsets + 1).to(filled.dtype), reduce="amax")
+    plan = plan_store(slot_mapping, k_cache.shape[1])
+    store_planned(k_cache, v_cache, k_new, v_new, plan, writer_tags, writer, filled)

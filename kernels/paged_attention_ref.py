@@ -7,7 +7,10 @@ page is only read up to the tokens its writer actually put there (`filled`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+from torch.nn import functional as F
 
 _GATHER_BUDGET_BYTES = 256 << 20
 
@@ -44,27 +47,93 @@ def validate_decode_inputs(q, k_cache, v_cache, block_table, expected_tags, seq_
         raise ValueError(f"seq_lens must be [{batch}], got {tuple(seq_lens.shape)}")
 
 
-def _token_mask(block_table, expected_tags, seq_lens, writer, filled, page_size, check_tags):
-    """Return (pages to gather [B, P], attend mask [B, P*page_size], violations [B] int32)."""
-    batch, num_pages_seq = block_table.shape
-    page_start = torch.arange(num_pages_seq, device=block_table.device) * page_size
-    lens = seq_lens.to(torch.int64)[:, None]
-    page_used = page_start[None, :] < lens
+@dataclass
+class DecodePlan:
+    """What one decode step's attention needs beyond K/V, computed once for all layers.
+
+    The writer tags and fill levels cannot change between the layers of one forward pass
+    (every layer's store writes the same slots with the same tag), so the torch path checks
+    I1 once per step and reuses the mask; the Triton kernel re-checks in every layer.
+    """
+
+    pages: torch.Tensor  # [B, P] int64 pool pages to gather (padding -> 0)
+    blocked: torch.Tensor  # [B, P * page_size, 1, 1] bool: tokens that may not be read
+    bias: torch.Tensor  # [B, 1, 1, P * page_size] float32: 0 or -inf, the same mask for SDPA
+    violations: torch.Tensor  # [B] int32
+    empty_rows: torch.Tensor | None  # [B] bool where a row has nothing to attend, else None
+
+
+def plan_decode(block_table, expected_tags, seq_lens, writer, filled, page_size: int,
+                check_tags: bool = True) -> DecodePlan:
+    """Resolve pages, the I1 mask and the violation counts for one decode step.
+
+    Raises ValueError when a seq_len needs more pages than block_table holds.
+    """
+    batch = block_table.shape[0]
+    max_len = int(seq_lens.max()) if batch else 0
+    num_pages_seq = -(-max_len // page_size)
+    if num_pages_seq > block_table.shape[1]:
+        raise ValueError(
+            f"seq_len {max_len} needs {num_pages_seq} pages but block_table has {block_table.shape[1]}"
+        )
+    block_table, expected_tags = block_table[:, :num_pages_seq], expected_tags[:, :num_pages_seq]
+    device = block_table.device
+    page_start = torch.arange(num_pages_seq, device=device) * page_size
+    # tokens the reader needs from each of its pages: 0 for padding columns
+    needed = (seq_lens.to(torch.int64)[:, None] - page_start[None, :]).clamp_(0, page_size)
     # padding entries may hold garbage (e.g. -1): never index the pool with them
-    pages = torch.where(page_used, block_table.to(torch.int64), 0)
-    slot = torch.arange(page_size, device=block_table.device)
-    token_pos = page_start[:, None] + slot[None, :]
-    attend = (token_pos[None] < lens[:, :, None]).reshape(batch, -1)
-    violations = torch.zeros(batch, dtype=torch.int32, device=block_table.device)
-    if not check_tags:
-        return pages, attend, violations
-    tag_ok = writer[pages] == expected_tags
-    page_filled = filled[pages].to(torch.int64)
-    needed = (lens - page_start[None, :]).clamp(0, page_size)
-    bad = page_used & (~tag_ok | (page_filled < needed))
-    violations = bad.sum(dim=1, dtype=torch.int32)
-    readable = tag_ok[:, :, None] & (slot[None, None, :] < page_filled[:, :, None])
-    return pages, attend & readable.reshape(batch, -1), violations
+    pages = torch.where(needed > 0, block_table.to(torch.int64), 0)
+    if check_tags:
+        # a page is readable up to `filled` if its writer is the reader, else not at all
+        readable = torch.where(writer[pages] == expected_tags, filled[pages].to(torch.int64), 0)
+        violations = (readable < needed).sum(dim=1, dtype=torch.int32)
+        limit = torch.minimum(needed, readable)
+    else:
+        violations = torch.zeros(batch, dtype=torch.int32, device=device)
+        limit = needed
+    slot = torch.arange(page_size, device=device)
+    attend = (slot[None, None, :] < limit[:, :, None]).reshape(batch, -1)
+    bias = torch.zeros(attend.shape, dtype=torch.float32, device=device)
+    bias.masked_fill_(~attend, float("-inf"))
+    empty = ~attend.any(dim=1)
+    return DecodePlan(pages, (~attend)[:, :, None, None], bias[:, None, None, :], violations,
+                      empty if bool(empty.any()) else None)
+
+
+def attend_planned(q, k_cache, v_cache, plan: DecodePlan, *, scale: float,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """One layer's decode attention through a plan; returns out [B, H, D] in q.dtype."""
+    batch = q.shape[0]
+    if out is None:
+        out = torch.empty_like(q)
+    if plan.pages.shape[1] == 0:
+        return out.zero_()
+    # bound the gathered K/V copy so batch 64 x 16k context stays in memory
+    per_seq = plan.pages.shape[1] * k_cache[0].numel() * 2 * 4
+    chunk = max(1, _GATHER_BUDGET_BYTES // max(per_seq, 1))
+    if chunk >= batch:
+        _attend_rows(q, k_cache, v_cache, plan.pages, plan.blocked, plan.bias, scale, out)
+    else:
+        for lo in range(0, batch, chunk):
+            rows = slice(lo, lo + chunk)
+            _attend_rows(q[rows], k_cache, v_cache, plan.pages[rows], plan.blocked[rows],
+                         plan.bias[rows], scale, out[rows])
+    if plan.empty_rows is not None:
+        out[plan.empty_rows] = 0  # nothing readable: zeros, not SDPA's NaN
+    return out
+
+
+def _attend_rows(q, k_cache, v_cache, pages, blocked, bias, scale, out) -> None:
+    n, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    k = k_cache[pages].reshape(n, -1, num_kv_heads, head_dim).float()
+    v = v_cache[pages].reshape(n, -1, num_kv_heads, head_dim).float()
+    # masked slots may hold NaN (poison scrub, foreign data): 0 * NaN would leak into out.
+    # In place: the gather above made a private copy.
+    v.masked_fill_(blocked, 0.0)
+    qf = q.reshape(n, num_kv_heads, -1, head_dim).float()
+    result = F.scaled_dot_product_attention(qf, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, scale=scale)
+    out.copy_(result.reshape(n, num_heads, head_dim))
 
 
 def paged_decode_attention(
@@ -94,57 +163,9 @@ def paged_decode_attention(
     block_table holds.
     """
     validate_decode_inputs(q, k_cache, v_cache, block_table, expected_tags, seq_lens)
-    batch = q.shape[0]
-    if out is None:
-        out = torch.empty_like(q)
+    plan = plan_decode(block_table, expected_tags, seq_lens, writer, filled, k_cache.shape[1], check_tags)
+    out = attend_planned(q, k_cache, v_cache, plan, scale=scale, out=out)
     if violations is None:
-        violations = torch.empty(batch, dtype=torch.int32, device=q.device)
-    # bound the gathered float32 K/V copy so batch 64 x 16k context stays in memory
-    per_seq = block_table.shape[1] * k_cache[0].numel() * 2 * 4
-    chunk = max(1, _GATHER_BUDGET_BYTES // max(per_seq, 1))
-    for lo in range(0, batch, chunk):
-        rows = slice(lo, lo + chunk)
-        out[rows], violations[rows] = _attend_rows(
-            q[rows], k_cache, v_cache, block_table[rows], expected_tags[rows], seq_lens[rows],
-            writer, filled, scale, check_tags,
-        )
+        return out, plan.violations
+    violations.copy_(plan.violations)
     return out, violations
-
-
-def _attend_rows(q, k_cache, v_cache, block_table, expected_tags, seq_lens, writer, filled,
-                 scale, check_tags):
-    """Attention for a slice of sequences; returns (out [b, H, D] in q.dtype, violations [b])."""
-    batch, num_heads, head_dim = q.shape
-    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = num_heads // num_kv_heads
-    max_len = int(seq_lens.max()) if batch else 0
-    pages_needed = -(-max_len // page_size)
-    if pages_needed > block_table.shape[1]:
-        raise ValueError(
-            f"seq_len {max_len} needs {pages_needed} pages but block_table has {block_table.shape[1]}"
-        )
-    if pages_needed == 0:
-        return torch.zeros_like(q), torch.zeros(batch, dtype=torch.int32, device=q.device)
-    # only gather the pages the longest sequence uses
-    pages, attend, viol = _token_mask(
-        block_table[:, :pages_needed], expected_tags[:, :pages_needed], seq_lens,
-        writer, filled, page_size, check_tags,
-    )
-    k = k_cache[pages].reshape(batch, -1, num_kv_heads, head_dim).float()
-    v = v_cache[pages].reshape(batch, -1, num_kv_heads, head_dim).float()
-    # masked slots may hold NaN (poison scrub, foreign data): 0 * NaN would leak into out
-    v.masked_fill_(~attend[:, :, None, None], 0.0)
-    qf = q.reshape(batch, num_kv_heads, group, head_dim).float()
-    out = torch.empty(batch, num_kv_heads, group, head_dim, dtype=torch.float32, device=q.device)
-    skip = ~attend[:, None, :]  # [b, 1, T]
-    # per kv head, k[:, :, head] is a strided [b, T, D] batch bmm takes without a transposing copy
-    for head in range(num_kv_heads):
-        scores = torch.bmm(qf[:, head], k[:, :, head].transpose(1, 2))
-        scores.mul_(scale).masked_fill_(skip, float("-inf"))
-        row_max = scores.amax(dim=-1, keepdim=True)
-        # a fully masked row has max -inf; shift by 0 instead so exp gives 0, not NaN
-        row_max.masked_fill_(~torch.isfinite(row_max), 0.0)
-        probs = scores.sub_(row_max).exp_()
-        denom = probs.sum(dim=-1, keepdim=True).clamp_min_(torch.finfo(torch.float32).tiny)
-        out[:, head] = torch.bmm(probs, v[:, :, head]).div_(denom)
-    return out.reshape(batch, num_heads, head_dim).to(q.dtype), viol

@@ -76,6 +76,9 @@ class PagePool:
         self.data = torch.zeros((num_pages, *layout.page_shape), dtype=layout.dtype, device=self.device)
         self.writer = torch.full((num_pages,), NO_WRITER, dtype=torch.int64, device=self.device)
         self.filled = torch.zeros(num_pages, dtype=torch.int32, device=self.device)
+        # per-layer strided views, made once: every decode step asks for them per layer
+        self._k_views = [self.data[:, layer, 0] for layer in range(layout.num_layers)]
+        self._v_views = [self.data[:, layer, 1] for layer in range(layout.num_layers)]
         self.owner = np.full(num_pages, FREE_OWNER, dtype=np.int32)
         self.epoch = np.zeros(num_pages, dtype=np.int64)
         self.state = np.zeros(num_pages, dtype=np.uint8)
@@ -155,10 +158,11 @@ class PagePool:
 
     # ---- views for kernels -----------------------------------------------------------
     def k_cache(self, layer: int) -> torch.Tensor:
-        return self.data[:, layer, 0]
+        """[num_pages, page_size, kv_heads, head_dim] view of one layer's K (not contiguous)."""
+        return self._k_views[layer]
 
     def v_cache(self, layer: int) -> torch.Tensor:
-        return self.data[:, layer, 1]
+        return self._v_views[layer]
 
     def metadata_snapshot(self) -> dict[str, np.ndarray]:
         """Copies of all five metadata arrays on the host (telemetry, snapshots, tests)."""

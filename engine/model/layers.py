@@ -30,6 +30,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            # the fused op: bit-identical to the spelled-out formula in float32, and faster
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in float32 whatever the model dtype, as the reference implementation does.
         dtype = x.dtype
         x32 = x.float()
