@@ -43,6 +43,7 @@ class ModelRunner:
         slots = np.concatenate([r.page_table.slot_mapping(np.arange(n)) for r, n in zip(requests, lens)])
         tags = np.concatenate([r.page_table.tags_for(np.arange(n)) for r, n in zip(requests, lens)])
         ctx = PagedPrefillAttention(self.pool, self.kernels, lens, self._tensor(slots), self._tensor(tags))
+        self.pool.mark_dirty(slots // self.pool.page_size)
         last_rows = np.cumsum(lens) - 1
         return self.decoder(
             self._tensor(tokens), self._tensor(positions), ctx, logit_rows=self._tensor(last_rows)
@@ -56,6 +57,7 @@ class ModelRunner:
         pages, expected, pages_t, expected_t = self._block_tables(requests)
         rows, columns = np.arange(n), positions // self.pool.page_size
         slots = pages[rows, columns].astype(np.int64) * self.pool.page_size + positions % self.pool.page_size
+        self.pool.mark_dirty(pages[rows, columns])
         ctx = PagedDecodeAttention(
             self.pool, self.kernels,
             block_table=pages_t, expected_tags=expected_t,

@@ -86,6 +86,10 @@ class PagePool:
         self._free_stack = np.arange(num_pages - 1, -1, -1, dtype=np.int32)
         self._free_top = num_pages
         self.scrubbed_pages = 0
+        # Pages whose metadata changed since the last take_dirty(), for telemetry deltas.
+        # Off unless someone watches: then every metadata change appends its pages here.
+        self.track_dirty = False
+        self._dirty: list[np.ndarray] = []
 
     # ---- capacity -----------------------------------------------------------------
     @property
@@ -131,6 +135,7 @@ class PagePool:
             # Nothing of this epoch is written yet; the writer tag keeps the previous
             # writer for forensics and can never match the new epoch.
             self.filled[self._index(pages)] = 0
+            self.mark_dirty(pages)
         return PageGrant(pages, self.epoch[pages].copy())
 
     def free(self, slot: int, pages: np.ndarray | list[int]) -> None:
@@ -148,6 +153,7 @@ class PagePool:
         top = self._free_top
         self._free_stack[top : top + len(pages)] = pages[::-1]
         self._free_top = top + len(pages)
+        self.mark_dirty(pages)
 
     def set_state(self, slot: int, pages, state: PageState) -> None:
         """Move `slot`'s own pages to RESERVED / IN_FLIGHT / WRITTEN / QUARANTINED."""
@@ -155,6 +161,21 @@ class PagePool:
             raise ValueError("use free() to release pages")
         pages = self._validated(slot, pages, f"mark {state.name}")
         self.state[pages] = state
+        self.mark_dirty(pages)
+
+    # ---- telemetry --------------------------------------------------------------------
+    def mark_dirty(self, pages) -> None:
+        """Note pages whose metadata changed (the kernels' writers call this for their pages)."""
+        if self.track_dirty:
+            self._dirty.append(np.asarray(pages, dtype=np.int32).reshape(-1))
+
+    def take_dirty(self) -> np.ndarray:
+        """Sorted unique pages changed since the last call; clears the record."""
+        if not self._dirty:
+            return np.empty(0, dtype=np.int32)
+        dirty = np.unique(np.concatenate(self._dirty))
+        self._dirty.clear()
+        return dirty
 
     # ---- views for kernels -----------------------------------------------------------
     def k_cache(self, layer: int) -> torch.Tensor:

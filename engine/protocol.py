@@ -1,0 +1,240 @@
+"""The wire protocol: the one source of truth for every message between processes.
+
+A message is a ZeroMQ multipart message: one msgpack header frame (a map carrying `v`,
+the schema version, and `op` or `topic`) followed by raw little-endian array frames that
+the header describes (`arrays`: [[name, dtype, shape], ...]). Never pickle; msgpack
+extension types are refused. Arrays are sent zero-copy and received as read-only views.
+
+Nothing here imports torch: the GUI and the CLI client use this module.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+VERSION = 1
+
+# Size limits (ZMQ_MAXMSGSIZE is per frame).
+MAX_HEADER_BYTES = 8 << 20  # a header holds at most a long prompt's token ids
+MAX_CONTROL_FRAME = 64 << 20  # client <-> supervisor
+MAX_BUS_FRAME = 512 << 20  # supervisor <-> workers: page keyframes of big pools
+MAX_KV_FRAME = 256 << 20  # one KV page (all layers) of a large model fits easily
+MAX_ARRAYS = 64
+
+# Array dtypes allowed on the wire, always little-endian.
+DTYPES = {"u1": np.uint8, "i4": np.int32, "i8": np.int64, "f4": np.float32, "f8": np.float64}
+_DTYPE_NAMES = {np.dtype(v).newbyteorder("<"): k for k, v in DTYPES.items()}
+
+# Telemetry topics (DESIGN.md). Page topics are "pages/<pool name>".
+TOPICS = ("pages", "requests", "metrics", "alerts", "workers", "capacity")
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow this protocol; names the field and what was expected."""
+
+    code = "bad_message"
+
+    def to_wire(self) -> dict:
+        return {"code": self.code, "message": str(self)}
+
+
+@dataclass
+class Message:
+    header: dict[str, Any]
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def op(self) -> str | None:
+        return self.header.get("op")
+
+    @property
+    def topic(self) -> str | None:
+        return self.header.get("topic")
+
+    def get(self, key: str, default=None):
+        return self.header.get(key, default)
+
+
+# ---- framing --------------------------------------------------------------------------
+
+def pack(header: dict[str, Any], arrays: dict[str, np.ndarray] | None = None) -> list:
+    """Header + arrays -> frames. Arrays go out as buffers (zero-copy when sent with copy=False)."""
+    header = dict(header)
+    frames: list = [b""]
+    if arrays:
+        specs = []
+        for name, arr in arrays.items():
+            arr = np.ascontiguousarray(arr)
+            if arr.dtype.byteorder == ">":
+                arr = arr.astype(arr.dtype.newbyteorder("<"))
+            key = _DTYPE_NAMES.get(arr.dtype)
+            if key is None:
+                raise ProtocolError(f"array {name!r}: dtype {arr.dtype} cannot go on the wire")
+            specs.append([name, key, list(arr.shape)])
+            frames.append(memoryview(arr).cast("B") if arr.size else b"")
+        header["arrays"] = specs
+    frames[0] = pack_header(header)
+    return frames
+
+
+def pack_header(header: dict[str, Any]) -> bytes:
+    """Just the msgpack header frame (callers that append raw frames of their own)."""
+    return msgpack.packb({"v": VERSION, **header}, use_bin_type=True)
+
+
+def _refuse_ext(code, data):
+    raise ProtocolError(f"msgpack extension type {code} is not allowed")
+
+
+def unpack(frames: list) -> Message:
+    """Frames -> Message. Raises ProtocolError for anything malformed; never executes data."""
+    if not frames:
+        raise ProtocolError("empty message")
+    header = unpack_header(frames[0])
+    specs = header.pop("arrays", [])
+    if not isinstance(specs, list) or len(specs) > MAX_ARRAYS:
+        raise ProtocolError(f"'arrays' must be a list of at most {MAX_ARRAYS} specs")
+    if len(frames) != 1 + len(specs):
+        raise ProtocolError(f"header describes {len(specs)} array frame(s) but {len(frames) - 1} followed")
+    arrays = {}
+    for spec, frame in zip(specs, frames[1:]):
+        name, arr = _array(spec, frame)
+        arrays[name] = arr
+    return Message(header, arrays)
+
+
+def unpack_header(frame) -> dict[str, Any]:
+    """One msgpack header frame -> dict with a checked version and op/topic."""
+    raw = frame_bytes(frame)
+    if len(raw) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(raw):,} bytes exceeds {MAX_HEADER_BYTES:,}")
+    try:
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=True, ext_hook=_refuse_ext, use_list=True)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"header is not valid msgpack ({type(exc).__name__})") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"header must be a map, got {type(header).__name__}")
+    if header.get("v") != VERSION:
+        raise ProtocolError(f"schema version {header.get('v')!r} is not supported (this side speaks {VERSION})")
+    if not isinstance(header.get("op", header.get("topic")), str):
+        raise ProtocolError("header needs a string 'op' or 'topic'")
+    return header
+
+
+def frame_bytes(frame) -> bytes | memoryview:
+    if isinstance(frame, (bytes, bytearray, memoryview)):
+        return frame
+    return frame.buffer  # zmq.Frame
+
+
+def _array(spec, frame) -> tuple[str, np.ndarray]:
+    if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[0], str)
+            and spec[1] in DTYPES and isinstance(spec[2], list)
+            and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in spec[2])):
+        raise ProtocolError(f"bad array spec {spec!r}: expected [name, dtype in {sorted(DTYPES)}, shape]")
+    name, key, shape = spec
+    dtype = np.dtype(DTYPES[key]).newbyteorder("<")
+    buf = frame_bytes(frame)
+    expected = math.prod(shape) * dtype.itemsize
+    if len(buf) != expected:
+        raise ProtocolError(f"array {name!r}: {len(buf):,} bytes for shape {shape} of {key} ({expected:,} expected)")
+    return name, np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+# ---- field checks ---------------------------------------------------------------------
+
+_MISSING = object()
+
+
+def field_of(msg: Message | dict, name: str, kind: str, *, default=_MISSING, low=None, high=None,
+             max_len: int | None = None):
+    """Read a header field and check its type and range.
+
+    kind: "int", "float", "bool", "str", "list[int]", "map", "list". Raises ProtocolError
+    naming the field, the value and the expectation.
+    """
+    header = msg.header if isinstance(msg, Message) else msg
+    value = header.get(name, _MISSING)
+    if value is _MISSING or value is None:
+        if default is _MISSING:
+            raise ProtocolError(f"field '{name}' is required")
+        return default
+    ok = {
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+        "bool": lambda v: isinstance(v, bool),
+        "str": lambda v: isinstance(v, str),
+        "list[int]": lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
+        "map": lambda v: isinstance(v, dict),
+        "list": lambda v: isinstance(v, list),
+    }[kind]
+    if not ok(value):
+        shown = repr(value) if len(repr(value)) < 80 else repr(value)[:77] + "..."
+        raise ProtocolError(f"field '{name}' must be {kind}, got {shown}")
+    if low is not None and value < low:
+        raise ProtocolError(f"field '{name}' = {value} is below the minimum {low}")
+    if high is not None and value > high:
+        raise ProtocolError(f"field '{name}' = {value} is above the maximum {high}")
+    if max_len is not None and len(value) > max_len:
+        raise ProtocolError(f"field '{name}' has {len(value):,} items, more than {max_len:,}")
+    return value
+
+
+# ---- client ops ----------------------------------------------------------------------
+
+CLIENT_OPS = (
+    "submit", "cancel", "status", "start", "stop", "restart", "reconfigure", "keyframe",
+    "page_metadata", "audit", "ping",
+)
+# Ops a read-only client may send (the GUI's --readonly mode and telemetry viewers).
+READ_ONLY_OPS = ("status", "keyframe", "page_metadata", "audit", "ping")
+
+
+def error_reply(msg_id, code: str, message: str) -> list:
+    return pack({"op": "error", "id": msg_id, "error": {"code": code, "message": message}})
+
+
+def reply(msg_id, result: dict | None = None, arrays: dict[str, np.ndarray] | None = None) -> list:
+    return pack({"op": "reply", "id": msg_id, "result": result or {}}, arrays)
+
+
+# ---- page metadata on the wire --------------------------------------------------------
+
+PAGE_FIELDS = {"owner": np.int32, "epoch": np.int64, "writer": np.int64, "filled": np.int32, "state": np.uint8}
+
+
+def page_arrays(meta: dict[str, np.ndarray], index: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The five metadata arrays (all pages, or only `index`), typed for the wire."""
+    out = {}
+    if index is not None:
+        out["index"] = np.asarray(index, dtype=np.int32)
+    for name, dtype in PAGE_FIELDS.items():
+        arr = meta[name] if index is None else meta[name][index]
+        out[name] = np.ascontiguousarray(arr, dtype=dtype)
+    return out
+
+
+def check_page_arrays(msg: Message, num_pages: int | None = None) -> None:
+    """Raises ProtocolError unless msg carries the five metadata arrays of equal length."""
+    lengths = set()
+    for name, dtype in PAGE_FIELDS.items():
+        arr = msg.arrays.get(name)
+        if arr is None or arr.dtype != np.dtype(dtype) or arr.ndim != 1:
+            raise ProtocolError(f"page message lacks a 1-D {np.dtype(dtype).name} array {name!r}")
+        lengths.add(len(arr))
+    if "index" in msg.arrays:
+        index = msg.arrays["index"]
+        lengths.add(len(index))
+        if num_pages is not None and len(index) and (index.min() < 0 or index.max() >= num_pages):
+            raise ProtocolError(f"page index outside 0..{num_pages - 1}")
+    elif num_pages is not None:
+        lengths.add(num_pages)
+    if len(lengths) != 1:
+        raise ProtocolError(f"page arrays have different lengths: {sorted(lengths)}")
