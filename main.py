@@ -6,10 +6,10 @@ Commands import what they need when they run, so `--help` and `capacity` stay fa
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
+from engine.commands import keys, local, remote, serve
+from engine.commands.common import EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,159 +18,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="PageWarden: prove that an inference engine gives each request only its own data.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    gen = sub.add_parser(
-        "generate", help="run prompts through the single-process paged engine",
-        description="Generate with the single-process paged engine (prefill + decode over one pool).",
-    )
-    source = gen.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompt", help="prompt text (encoded with the model's tokenizer.json)")
-    source.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
-    gen.add_argument("--model", help="local HF checkpoint directory (default: the embedded model)")
-    gen.add_argument("--config", help="engine TOML config (default: resources/configs/default.toml)")
-    gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default 32)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, help="sampling seed")
-    gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
-    gen.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
-    gen.add_argument("--device", help="auto | cpu | cuda | cuda:N")
-    gen.add_argument("--kernels", choices=["auto", "triton", "torch"])
-    gen.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    gen.set_defaults(func=cmd_generate)
-
-    cap = sub.add_parser(
-        "capacity", help="check the context window against every pool (I6)",
-        description="Compare the advertised context window with each pool's real capacity. "
-        "Exits 1 when the window exceeds any pool.",
-    )
-    cap.add_argument("--config", help="engine TOML config (default: resources/configs/default.toml)")
-    cap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    cap.set_defaults(func=cmd_capacity)
+    local.register(sub)
+    serve.register(sub)
+    remote.register(sub)
+    keys.register(sub)
     return parser
-
-
-def _fail(args, error, code: int = EXIT_USAGE) -> int:
-    from engine.errors import PageWardenError
-
-    wire = error.to_wire() if isinstance(error, PageWardenError) else {"code": "error", "message": str(error)}
-    print(f"error: {wire['message']}", file=sys.stderr)
-    if getattr(args, "json", False):
-        print(json.dumps({"error": wire}))
-    return code
-
-
-def _load_config(args):
-    from engine.config import load_config
-
-    config = load_config(args.config)
-    overrides = {}
-    if getattr(args, "model", None):
-        overrides["path"] = args.model
-    for key in ("dtype", "device"):
-        if getattr(args, key, None):
-            overrides[key] = getattr(args, key)
-    engine_overrides = {"kernels": args.kernels} if getattr(args, "kernels", None) else {}
-    return config.replace(model=overrides, engine=engine_overrides)
-
-
-def _parse_ids(text: str) -> list[int]:
-    from engine.errors import InvalidRequest
-
-    ids = []
-    for i, part in enumerate(text.split(",")):
-        part = part.strip()
-        try:
-            ids.append(int(part))
-        except ValueError:
-            raise InvalidRequest(f"--prompt-ids: item {i} = {part!r} is not an integer token id") from None
-    return ids
-
-
-def cmd_generate(args) -> int:
-    from engine.errors import AdmissionRejected, PageWardenError
-
-    try:
-        config = _load_config(args)
-        from engine.model.load import load_model
-        from engine.request import SamplingParams
-        from engine.runner import Engine
-
-        model = load_model(
-            config.model.resolved_path(), dtype=config.model.dtype, device=config.model.device,
-            max_positions=config.engine.context_window,
-        )
-        prompt = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else model.tokenizer.encode(args.prompt)
-        params = SamplingParams(
-            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-            top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos,
-        )
-        engine = Engine(config, model)
-        request = engine.submit(prompt, params)
-        engine.run_until_idle()
-    except AdmissionRejected as exc:
-        return _fail(args, exc, EXIT_FINDING)
-    except PageWardenError as exc:
-        return _fail(args, exc)
-    if request.error is not None:
-        return _fail(args, request.error, EXIT_FINDING)
-    text = _decode_text(model, request.output_ids)
-    ttft = request.first_token_time - request.arrival_time
-    elapsed = request.finish_time - request.arrival_time
-    if args.json:
-        print(json.dumps({
-            "token_ids": request.output_ids, "text": text, "prompt_ids": request.prompt_ids,
-            "finish_reason": request.finish_reason, "model": str(model.path),
-            "kernels": engine.kernels.name, "device": str(model.device),
-            "ttft_s": round(ttft, 6), "elapsed_s": round(elapsed, 6),
-        }))
-    else:
-        print(text if text is not None else " ".join(map(str, request.output_ids)))
-        print(
-            f"[{len(request.output_ids)} tokens, finish={request.finish_reason}, "
-            f"ttft {ttft * 1e3:.1f} ms, {elapsed:.2f} s, kernels={engine.kernels.name}]",
-            file=sys.stderr,
-        )
-    return EXIT_OK
-
-
-def _decode_text(model, ids: list[int]) -> str | None:
-    from engine.errors import CheckpointError
-
-    try:
-        return model.tokenizer.decode(ids)
-    except CheckpointError:
-        return None  # a model used only through token ids may ship no tokenizer
-
-
-def cmd_capacity(args) -> int:
-    from engine.capacity import check_capacity, exceeding
-    from engine.errors import PageWardenError
-    from engine.model.config import read_model_config
-
-    try:
-        config = _load_config(args)
-    except PageWardenError as exc:
-        return _fail(args, exc)
-    try:
-        positions = read_model_config(config.model.resolved_path()).max_position_embeddings
-        model_note = None
-    except PageWardenError as exc:
-        positions, model_note = None, f"model not checked: {exc}"
-    findings = check_capacity(config, model_max_positions=positions)
-    bad = exceeding(findings)
-    if args.json:
-        print(json.dumps({
-            "config": config.source, "exceeds": bool(bad), "model_note": model_note,
-            "findings": [f.to_dict() for f in findings],
-        }))
-    else:
-        for f in findings:
-            print(f"{'EXCEEDS' if f.exceeds else 'ok':8}{f.message()}")
-        if model_note:
-            print(f"{'note':8}{model_note}")
-    return EXIT_FINDING if bad else EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,6 +48,12 @@ class EngineSection:
 
 
 @dataclass(frozen=True)
+class WorkersSection:
+    prefill: int = 1  # prefill worker processes, each with its own prefill pool
+    decode: int = 1  # decode worker processes, each with its own decode pool
+
+
+@dataclass(frozen=True)
 class PoolConfig:
     name: str
     pages: int
@@ -60,6 +66,7 @@ class PoolConfig:
 class EngineConfig:
     model: ModelSection = field(default_factory=ModelSection)
     engine: EngineSection = field(default_factory=EngineSection)
+    workers: WorkersSection = field(default_factory=WorkersSection)
     pools: dict[str, PoolConfig] = field(
         default_factory=lambda: {n: PoolConfig(n, 4096) for n in POOL_NAMES}
     )
@@ -70,6 +77,7 @@ class EngineConfig:
         return {
             "model": dataclasses.asdict(self.model),
             "engine": dataclasses.asdict(self.engine),
+            "workers": dataclasses.asdict(self.workers),
             "pools": {n: {"pages": p.pages} for n, p in self.pools.items()},
         }
 
@@ -112,12 +120,13 @@ def config_from_dict(data: dict[str, Any], *, source: str = "<dict>") -> EngineC
     """Validate a TOML-shaped dict. Raises ConfigError naming the key and the limit."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: config must be a table, got {type(data).__name__}")
-    _no_unknown(data, {"model", "engine", "pools"}, "", source)
+    _no_unknown(data, {"model", "engine", "workers", "pools"}, "", source)
     model = _section(data, "model", ModelSection, source)
     engine = _section(data, "engine", EngineSection, source)
+    workers = _section(data, "workers", WorkersSection, source)
     pools = _pools(data.get("pools", {n: {"pages": 4096} for n in POOL_NAMES}), source)
     _check_choices(model, engine, source)
-    return EngineConfig(model=model, engine=engine, pools=pools, source=source)
+    return EngineConfig(model=model, engine=engine, workers=workers, pools=pools, source=source)
 
 
 # ---- validation helpers -------------------------------------------------------------
@@ -128,6 +137,8 @@ _RANGES = {
     "max_batch": (1, 4096),
     "max_prefill_tokens": (1, MAX_TOKENS - 1),
     "pages": (1, (1 << 31) - 1),
+    "prefill": (1, 64),
+    "decode": (1, 64),
 }
 
 

@@ -66,3 +66,42 @@ class OwnershipViolation(PageWardenError):
     def __init__(self, message: str, *, pages: list[dict]):
         super().__init__(message)
         self.pages = pages
+
+
+class TransferMismatch(PageWardenError):
+    """I3: a KV transfer did not match its reservation; the request's pages were scrubbed."""
+
+    code = "transfer_mismatch"
+
+
+class TransferTimeout(PageWardenError):
+    """A KV transfer did not complete in time; the request's pages were scrubbed."""
+
+    code = "transfer_timeout"
+
+
+class WorkerStopped(PageWardenError):
+    """The worker serving a request was stopped by an operator or a reconfigure."""
+
+    code = "worker_stopped"
+
+
+class WorkerCrashed(PageWardenError):
+    """The worker serving a request died (killed, crashed, stopped answering)."""
+
+    code = "worker_crashed"
+
+
+class Cancelled(PageWardenError):
+    """The client cancelled the request."""
+
+    code = "cancelled"
+
+
+def error_from_wire(wire: dict | None) -> PageWardenError | None:
+    """Rebuild an error that crossed the wire, keeping its code and message."""
+    if not wire:
+        return None
+    error = PageWardenError(str(wire.get("message", "")))
+    error.code = str(wire.get("code", "error"))
+    return error

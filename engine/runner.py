@@ -18,6 +18,7 @@ from engine.admission import check_admission, check_prompt_ids
 from engine.config import EngineConfig
 from engine.errors import ConfigError, InvalidRequest, OwnershipViolation
 from engine.kv.page_pool import PageLayout, PagePool
+from engine.kv.page_table import PageTable
 from engine.kv.page_tags import PageState, unpack_tag
 from engine.model.load import LoadedModel, load_model
 from engine.model_runner import ModelRunner
@@ -41,7 +42,15 @@ class EngineCounters:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, model: LoadedModel | None = None):
+    """Prefill and decode over one pool. A decode worker uses it too: requests whose prompt
+    KV arrives by transfer are reserved with reserve() and join the batch with adopt().
+
+    pool: which configured pool this engine allocates from ("decode" or "prefill");
+    pool_name: the name it goes by in telemetry (a worker's name).
+    """
+
+    def __init__(self, config: EngineConfig, model: LoadedModel | None = None, *,
+                 pool: str = "decode", pool_name: str | None = None):
         self.config = config
         eng = config.engine
         self.model = model or load_model(
@@ -61,9 +70,9 @@ class Engine:
             )
         self.kernels = select_kernels(eng.kernels, self.model.device)
         layout = PageLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, eng.page_size, self.model.dtype)
-        # One process prefills and decodes in the same pool: the decode pool.
+        # A single process prefills and decodes in the same pool: the decode pool.
         self.pool = PagePool(
-            "decode", config.pools["decode"].pages, layout, device=self.model.device,
+            pool_name or pool, config.pools[pool].pages, layout, device=self.model.device,
             scrub_policy=eng.scrub_policy, scrub_fn=self.kernels.scrub_pages,
         )
         self.runner = ModelRunner(
@@ -106,6 +115,24 @@ class Engine:
         self.requests[request_id] = request
         self.scheduler.add(request)
         return request
+
+    def reserve(self, request: Request) -> None:
+        """Give `request` pages for its whole length now, outside the scheduler (its prompt
+        KV will arrive by transfer). Raises PoolExhausted, allocating nothing, if they do
+        not fit."""
+        grant = self.pool.allocate(request.slot, self.pool.pages_for_tokens(request.total_tokens))
+        request.page_table = PageTable.from_grant(request.slot, self.pool.page_size, grant)
+        self.requests[request.request_id] = request
+
+    def adopt(self, request_id: str, first_token: int) -> list[RequestOutput]:
+        """A reserved request whose prompt pages are now WRITTEN joins the decode batch,
+        with the first token its prefill produced."""
+        request = self.requests[request_id]
+        request.state = RequestState.RUNNING
+        self.scheduler.running.append(request)
+        outputs: list[RequestOutput] = []
+        self._emit([request], [first_token], outputs)
+        return outputs
 
     def abort(self, request_id: str, error=None) -> None:
         request = self.requests.get(request_id)
@@ -181,6 +208,7 @@ class Engine:
 
     def _finish(self, req: Request, state: RequestState, reason: str, error=None) -> None:
         self.scheduler.release(req)
+        self.requests.pop(req.request_id, None)  # a long-lived worker must not keep them all
         req.state, req.finish_reason, req.error = state, reason, error
         req.finish_time = time.monotonic()
         self._generators.pop(req.request_id, None)

@@ -8,11 +8,14 @@ else has a new epoch and can never match.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.kv.page_pool import PageGrant
 from engine.kv.page_tags import pack_tag
+
+if TYPE_CHECKING:  # the supervisor uses page tables' neighbours without importing torch
+    from engine.kv.page_pool import PageGrant
 
 
 @dataclass
@@ -23,7 +26,7 @@ class PageTable:
     epochs: np.ndarray  # int64, epoch of each page at grant time
 
     @classmethod
-    def from_grant(cls, slot: int, page_size: int, grant: PageGrant) -> "PageTable":
+    def from_grant(cls, slot: int, page_size: int, grant: "PageGrant") -> "PageTable":
         return cls(slot, page_size, grant.pages.copy(), grant.epochs.copy())
 
     @property

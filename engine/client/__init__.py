@@ -1,0 +1,10 @@
+"""The one way into an engine: submit, stream, status, control, subscribe.
+
+The GUI and the CLI use this package; it imports no torch.
+"""
+
+from engine.client.engine_client import EngineClient, RemoteError
+from engine.client.page_mirror import PageMirror, PoolMirror
+from engine.client.subscriber import TelemetrySubscriber
+
+__all__ = ["EngineClient", "PageMirror", "PoolMirror", "RemoteError", "TelemetrySubscriber"]

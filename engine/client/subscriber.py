@@ -1,0 +1,47 @@
+"""TelemetrySubscriber: a SUB socket on the supervisor's telemetry endpoint."""
+
+from __future__ import annotations
+
+import zmq
+
+from engine.protocol import Message, ProtocolError, unpack
+from engine.server.sockets import harden
+
+
+class TelemetrySubscriber:
+    def __init__(self, endpoint: str, topics: tuple[str, ...] = ("",), *, server_key: bytes | None = None,
+                 client_keys: tuple[bytes, bytes] | None = None, context: zmq.Context | None = None):
+        """topics: prefixes ("" = everything, "pages/" = every pool's pages, "metrics", ...)."""
+        self._own_context = context is None
+        self.ctx = context or zmq.Context()
+        self.sock = harden(self.ctx.socket(zmq.SUB), "telemetry")
+        if server_key is not None:
+            from engine.server.auth import secure_client
+
+            secure_client(self.sock, server_key, *client_keys)
+        for topic in topics:
+            self.sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        self.sock.connect(endpoint)
+        self.dropped = 0  # frames that were not valid telemetry
+
+    def recv(self, timeout_s: float = 1.0) -> Message | None:
+        """The next telemetry message, or None when none came within timeout_s."""
+        if not self.sock.poll(int(timeout_s * 1000)):
+            return None
+        return self.recv_nowait()
+
+    def recv_nowait(self) -> Message | None:
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return None
+            try:
+                return unpack(frames[1:])
+            except ProtocolError:
+                self.dropped += 1
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        if self._own_context:
+            self.ctx.term()

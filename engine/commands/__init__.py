@@ -1,0 +1,1 @@
+"""The engine's command-line commands; main.py composes them (the GUI command lives there)."""

@@ -1,0 +1,68 @@
+"""`serve`: run the supervisor headless (a GPU box that operators attach to)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+from engine.commands.common import EXIT_OK, fail, load_config
+
+
+def register(sub) -> None:
+    serve = sub.add_parser(
+        "serve", help="run the engine server (supervisor + prefill/decode workers)",
+        description="Start the supervisor, which spawns the configured prefill and decode workers. "
+        "Binds to loopback unless --curve is given.",
+    )
+    serve.add_argument("--config", help="engine TOML config (default: resources/configs/default.toml)")
+    serve.add_argument("--bind", default="tcp://127.0.0.1:5650", help="control endpoint (port 0: any free port)")
+    serve.add_argument("--telemetry-bind", help="telemetry endpoint (default: control port + 1)")
+    serve.add_argument("--curve", action="store_true", help="require CurveZMQ with a client-key allowlist")
+    serve.add_argument("--keys", help="key directory for --curve (from `keys generate`)")
+    serve.add_argument("--model", help="local HF checkpoint directory")
+    serve.add_argument("--device", help="auto | cpu | cuda | cuda:N")
+    serve.add_argument("--kernels", choices=["auto", "triton", "torch"])
+    serve.add_argument("--json", action="store_true", help="print a JSON line with the endpoints when ready")
+    serve.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args) -> int:
+    from engine.errors import PageWardenError
+    from engine.server.supervisor import Supervisor
+
+    curve = None
+    try:
+        config = load_config(args)
+        if args.curve:
+            import zmq
+
+            from engine.server.auth import CurveServer
+
+            if not args.keys:
+                raise ValueError("--curve needs --keys DIR (create one with `python main.py keys generate DIR`)")
+            curve = CurveServer(zmq.Context(), args.keys)
+        supervisor = Supervisor(config, bind=args.bind, telemetry_bind=args.telemetry_bind, curve=curve)
+    except (PageWardenError, ValueError, FileNotFoundError, OSError) as exc:
+        if curve is not None:
+            curve.stop()
+        return fail(args, exc)
+    stop = lambda *_: setattr(supervisor, "stopping", True)  # noqa: E731
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    supervisor.start_workers()
+    for finding in supervisor.findings:
+        if finding.exceeds:
+            print(f"WARNING: {finding.message()}", file=sys.stderr)
+    ready = {"ready": True, "control": supervisor.control_endpoint, "telemetry": supervisor.telemetry_endpoint,
+             "curve": curve is not None, "workers": list(supervisor.workers)}
+    if args.json:
+        print(json.dumps(ready), flush=True)
+    else:
+        print(f"PageWarden engine: control {supervisor.control_endpoint}, telemetry "
+              f"{supervisor.telemetry_endpoint}, workers {', '.join(supervisor.workers)}", flush=True)
+    try:
+        supervisor.run()
+    finally:
+        supervisor.shutdown()
+    return EXIT_OK

@@ -1,0 +1,1 @@
+"""The supervisor side of PageWarden: sockets, authentication, supervision, telemetry."""

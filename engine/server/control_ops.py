@@ -1,0 +1,246 @@
+"""ControlOps: the supervisor's answers to clients (submit, status, worker control, ...)."""
+
+from __future__ import annotations
+
+import time
+
+from engine import __version__
+from engine.admission import check_admission, check_prompt_ids
+from engine.capacity import check_capacity, exceeding
+from engine.errors import ConfigError, InvalidRequest, PageWardenError
+from engine.protocol import CLIENT_OPS, Message, ProtocolError, field_of, pack, reply
+from engine.request import SamplingParams
+from engine.server.request_record import Phase, RequestRecord
+from engine.server.worker_handle import WorkerState
+
+MAX_PROMPT_TOKENS = 1 << 21
+# Settings a worker applies between steps; anything else in [engine] or [pools] restarts it.
+LIVE_ENGINE_KEYS = {"check_writer_tags", "scrub_policy", "max_batch"}
+SUPERVISOR_ENGINE_KEYS = {"context_window", "max_batch", "strict_capacity"}
+
+
+class ControlOps:
+    def __init__(self, sup):
+        self.sup = sup
+
+    def handle(self, identity: bytes, msg: Message | None, frames: list) -> None:
+        if msg is None:
+            raise ProtocolError("empty message")
+        op = msg.op
+        if op not in CLIENT_OPS:
+            raise ProtocolError(f"unknown op {op!r}; known: {', '.join(CLIENT_OPS)}")
+        self.sup.counters[f"op:{op}"] += 1
+        getattr(self, f"op_{op}")(identity, msg)
+
+    def _reply(self, identity: bytes, msg: Message, result: dict | None = None, arrays=None) -> None:
+        self.sup.to_client(identity, reply(msg.get("id"), result, arrays))
+
+    # ---- requests ---------------------------------------------------------------------
+    def op_submit(self, identity: bytes, msg: Message) -> None:
+        sup = self.sup
+        slot = next(sup.slots)
+        request_id = field_of(msg, "request_id", "str", default=f"r{slot}", max_len=128)
+        try:
+            params = self._params(msg)
+            prompt = self._prompt(msg, request_id)
+            existing = sup.requests.get(request_id)
+            if existing is not None and not existing.done:
+                raise InvalidRequest(f"request id {request_id!r} is already in use")
+            SamplingParams(**{k: v for k, v in params.items() if k != "stream"}).validate(request_id)
+            check_admission(
+                request_id, len(prompt), params["max_new_tokens"],
+                context_window=sup.config.engine.context_window,
+                pool_capacity_tokens={n: p.capacity_tokens(sup.config.engine.page_size)
+                                      for n, p in sup.config.pools.items()},
+            )
+        except (PageWardenError, ProtocolError) as exc:
+            sup.counters["rejected"] += 1
+            sup.audit.record(request_id, "rejected", code=exc.code, message=str(exc))
+            if exc.code == "admission_rejected":
+                sup.alert("admission_rejected", "info", str(exc), requests=[request_id])
+            sup.to_client(identity, pack({"op": "error", "id": msg.get("id"), "request_id": request_id,
+                                          "error": exc.to_wire()}))
+            return
+        rec = RequestRecord(request_id, slot, field_of(msg, "tenant", "str", default="default", max_len=64),
+                            prompt, params, identity, msg.get("id"))
+        sup.requests[request_id] = rec
+        sup.queue.append(request_id)
+        sup.counters["admitted"] += 1
+        sup.audit.record(request_id, "admitted", slot=slot, prompt_len=len(prompt), prompt_hash=rec.prompt_hash,
+                         max_new_tokens=params["max_new_tokens"], tenant=rec.tenant)
+        sup.to_client(identity, pack({"op": "accepted", "id": msg.get("id"), "request_id": request_id, "slot": slot}))
+        sup.publish_request(rec)
+
+    def _params(self, msg: Message) -> dict:
+        return {
+            "max_new_tokens": field_of(msg, "max_new_tokens", "int", default=16),
+            "temperature": float(field_of(msg, "temperature", "float", default=0.0)),
+            "top_k": field_of(msg, "top_k", "int", default=0),
+            "top_p": float(field_of(msg, "top_p", "float", default=1.0)),
+            "seed": field_of(msg, "seed", "int", default=None),
+            "ignore_eos": field_of(msg, "ignore_eos", "bool", default=False),
+            "stop_token_ids": tuple(field_of(msg, "stop_token_ids", "list[int]", default=[], max_len=64)),
+            "stream": field_of(msg, "stream", "bool", default=True),
+        }
+
+    def _prompt(self, msg: Message, request_id: str) -> list[int]:
+        ids = field_of(msg, "prompt_ids", "list[int]", default=None, max_len=MAX_PROMPT_TOKENS)
+        text = field_of(msg, "prompt", "str", default=None, max_len=8 * MAX_PROMPT_TOKENS)
+        if (ids is None) == (text is None):
+            raise InvalidRequest(f"request {request_id}: give exactly one of 'prompt_ids' and 'prompt'")
+        if text is not None:
+            ids = self.sup.tokenizer.encode(text)
+        return check_prompt_ids(request_id, ids, self.sup.model_config.vocab_size)
+
+    def token_event(self, rec: RequestRecord, tokens: list[int]) -> list:
+        text = self.sup.detokenize(rec.output_ids)
+        delta = None
+        if text is not None and not text.endswith("\ufffd"):  # hold back half a UTF-8 character
+            delta, rec.text_sent = text[len(rec.text_sent):], text
+        return pack({"op": "token", "id": rec.msg_id, "request_id": rec.request_id,
+                     "token_ids": [int(t) for t in tokens], "text": delta})
+
+    def op_cancel(self, identity: bytes, msg: Message) -> None:
+        sup = self.sup
+        rid = field_of(msg, "request_id", "str")
+        rec = sup.requests.get(rid)
+        if rec is None or rec.done:
+            raise InvalidRequest(f"request {rid!r} is not running")
+        rec.cancel_requested = True
+        sup.audit.record(rid, "cancel_requested")
+        if rec.phase == Phase.PREFILLING and rec.prefill_worker:
+            # I4: decode holds the pages until the prefill side acknowledges
+            sup.to_worker(sup.workers[rec.prefill_worker], {"op": "cancel", "request_id": rid})
+            sup.to_worker(sup.workers[rec.decode_worker], {"op": "cancel", "request_id": rid})
+        elif rec.phase == Phase.AWAITING_PREFILL:
+            sup.to_worker(sup.workers[rec.decode_worker], {"op": "release", "request_id": rid})
+        elif rec.phase == Phase.DECODING:
+            sup.to_worker(sup.workers[rec.decode_worker], {"op": "cancel", "request_id": rid})
+        # RESERVING: on_reserved sees cancel_requested and releases
+        sup.finish(rec, Phase.CANCELLED, "cancelled", {"code": "cancelled", "message": f"request {rid} cancelled"})
+        self._reply(identity, msg, {"request_id": rid, "cancelled": True})
+
+    # ---- state ------------------------------------------------------------------------
+    def op_ping(self, identity: bytes, msg: Message) -> None:
+        self._reply(identity, msg, {"pong": time.time()})
+
+    def op_status(self, identity: bytes, msg: Message) -> None:
+        sup = self.sup
+        self._reply(identity, msg, {
+            "engine": {
+                "version": __version__, "control": sup.control_endpoint, "telemetry": sup.telemetry_endpoint,
+                "curve": sup.curve is not None, "uptime_s": time.time() - sup.started_at,
+                "model": str(sup.config.model.resolved_path()), "architecture": sup.model_config.architecture,
+                "vocab_size": sup.model_config.vocab_size,
+            },
+            "config": sup.config.to_dict(),
+            "workers": [w.describe() for w in sup.workers.values()],
+            "capacity": [f.to_dict() for f in sup.findings],
+            "counters": dict(sup.counters),
+            "load": sup.load(),
+            "telemetry_seq": dict(sup.telemetry.seq),
+        })
+
+    def op_audit(self, identity: bytes, msg: Message) -> None:
+        rid = field_of(msg, "request_id", "str")
+        rec = self.sup.requests.get(rid)
+        self._reply(identity, msg, {"request_id": rid, "events": self.sup.audit.events(rid),
+                                    "request": rec.describe() if rec else None})
+
+    def op_keyframe(self, identity: bytes, msg: Message) -> None:
+        self.sup.broadcast({"op": "keyframe"})
+        pools = [w.info["pool"]["name"] for w in self.sup.workers.values() if w.state == WorkerState.READY]
+        self._reply(identity, msg, {"pools": pools})
+
+    def op_page_metadata(self, identity: bytes, msg: Message) -> None:
+        pool = field_of(msg, "pool", "str")
+        for worker in self.sup.workers.values():
+            if worker.state == WorkerState.READY and worker.info.get("pool", {}).get("name") == pool:
+                ask_id = next(self.sup.ask_ids)
+                self.sup.pending_metadata[ask_id] = (identity, msg.get("id"))
+                self.sup.to_worker(worker, {"op": "page_metadata", "ask_id": ask_id})
+                return
+        raise InvalidRequest(f"no ready worker owns pool {pool!r}")
+
+    # ---- workers ----------------------------------------------------------------------
+    def _worker(self, msg: Message):
+        name = field_of(msg, "worker", "str")
+        worker = self.sup.workers.get(name)
+        if worker is None:
+            raise InvalidRequest(f"no worker named {name!r}; workers: {', '.join(self.sup.workers)}")
+        return worker
+
+    def op_start(self, identity: bytes, msg: Message) -> None:
+        worker = self._worker(msg)
+        if worker.state not in (WorkerState.STOPPED, WorkerState.CRASHED):
+            raise InvalidRequest(f"worker {worker.name} is {worker.state.value}; only a stopped or crashed worker can start")
+        self.sup.spawn(worker)
+        self._reply(identity, msg, worker.describe())
+
+    def op_stop(self, identity: bytes, msg: Message) -> None:
+        worker = self._worker(msg)
+        if worker.state in (WorkerState.STOPPED, WorkerState.CRASHED, WorkerState.STOPPING):
+            raise InvalidRequest(f"worker {worker.name} is already {worker.state.value}")
+        self.sup.stop_worker(worker)
+        self._reply(identity, msg, worker.describe())
+
+    def op_restart(self, identity: bytes, msg: Message) -> None:
+        worker = self._worker(msg)
+        self.sup.stop_worker(worker, restart=True)
+        self._reply(identity, msg, worker.describe())
+
+    def op_reconfigure(self, identity: bytes, msg: Message) -> None:
+        """Validate first and report the capacity consequence; apply only when asked."""
+        sup = self.sup
+        changes = field_of(msg, "changes", "map")
+        apply = field_of(msg, "apply", "bool", default=False)
+        try:
+            new = sup.config.replace(**changes)
+        except (ConfigError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"reconfigure refused: {exc}") from None
+        findings = check_capacity(new, model_max_positions=sup.model_config.max_position_embeddings)
+        restart = self._needs_restart(sup.config, new)
+        result = {
+            "valid": True, "applied": False, "findings": [f.to_dict() for f in findings],
+            "exceeds": bool(exceeding(findings)), "restart": sorted(restart), "config": new.to_dict(),
+            "consequence": [f.message() for f in findings],
+        }
+        if apply:
+            if new.engine.strict_capacity and exceeding(findings):
+                raise ConfigError("strict capacity refuses: " + "; ".join(f.message() for f in exceeding(findings)))
+            self._apply(new, restart)
+            result["applied"] = True
+        self._reply(identity, msg, result)
+
+    def _needs_restart(self, old, new) -> set[str]:
+        """Workers whose process must restart for the change to take effect."""
+        restart = set()
+        old_d, new_d = old.to_dict(), new.to_dict()
+        engine_changed = {k for k in new_d["engine"] if new_d["engine"][k] != old_d["engine"][k]}
+        structural = engine_changed - LIVE_ENGINE_KEYS - SUPERVISOR_ENGINE_KEYS
+        for worker in self.sup.workers.values():
+            if structural or new_d["model"] != old_d["model"] or \
+                    new_d["pools"][worker.role] != old_d["pools"][worker.role]:
+                restart.add(worker.name)
+        if new_d["workers"] != old_d["workers"]:
+            raise ConfigError("the number of workers cannot change while serving; restart the engine")
+        return restart
+
+    def _apply(self, new, restart: set[str]) -> None:
+        sup = self.sup
+        live = {k: v for k, v in new.to_dict()["engine"].items() if k in LIVE_ENGINE_KEYS}
+        sup.config = new
+        sup.findings = sup._capacity(new)
+        sup.broadcast({"op": "configure", "engine": live})
+        for name in restart:
+            worker = sup.workers[name]
+            if worker.state == WorkerState.READY:
+                worker.state = WorkerState.DRAINING  # restarts when its last request ends
+            elif worker.state in (WorkerState.STOPPED, WorkerState.CRASHED):
+                pass  # picks up the new config at its next start
+        sup.publish_capacity()
+        sup.publish_workers()
+        sup.audit.record("engine", "reconfigured", config=new.to_dict(), restart=sorted(restart))
+        if exceeding(sup.findings):
+            sup.alert("capacity_exceeds_window", "warning", "; ".join(f.message() for f in exceeding(sup.findings)))
+

@@ -1,0 +1,76 @@
+"""RequestRecord: one request as the supervisor tracks it from admission to its end."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+
+class Phase(str, enum.Enum):
+    QUEUED = "queued"  # admitted, waiting for a decode worker with room
+    RESERVING = "reserving"  # the decode worker is reserving its pages
+    AWAITING_PREFILL = "awaiting_prefill"  # reserved, waiting for a prefill worker
+    PREFILLING = "prefilling"  # prefill job sent; the transfer goes straight to decode
+    DECODING = "decoding"  # transfer verified; tokens flow
+    FINISHED = "finished"
+    FAILED = "failed"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+
+
+DONE = (Phase.FINISHED, Phase.FAILED, Phase.REJECTED, Phase.CANCELLED)
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    slot: int
+    tenant: str
+    prompt_ids: list[int]
+    params: dict
+    client: bytes | None  # ROUTER identity of the submitting client
+    msg_id: object
+    phase: Phase = Phase.QUEUED
+    decode_worker: str | None = None
+    prefill_worker: str | None = None
+    reservation: dict | None = None
+    output_ids: list[int] = field(default_factory=list)
+    text_sent: str = ""
+    arrival: float = field(default_factory=time.monotonic)
+    arrival_wall: float = field(default_factory=time.time)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    finish_reason: str | None = None
+    error: dict | None = None
+    cancel_requested: bool = False
+    pages: dict[str, int] = field(default_factory=dict)  # pool name -> pages held
+
+    @property
+    def done(self) -> bool:
+        return self.phase in DONE
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def prompt_hash(self) -> str:
+        """What telemetry and snapshots may say about a prompt: never its text."""
+        data = b",".join(str(t).encode() for t in self.prompt_ids)
+        return hashlib.sha256(data).hexdigest()[:16]
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.arrival
+
+    def describe(self) -> dict:
+        return {
+            "request_id": self.request_id, "slot": self.slot, "tenant": self.tenant,
+            "phase": self.phase.value, "prompt_len": self.prompt_len, "prompt_hash": self.prompt_hash,
+            "max_new_tokens": self.params.get("max_new_tokens"), "tokens": len(self.output_ids),
+            "decode_worker": self.decode_worker, "prefill_worker": self.prefill_worker,
+            "pages": dict(self.pages), "ttft_s": self.ttft_s, "finish_reason": self.finish_reason,
+            "error": self.error, "arrival": self.arrival_wall,
+        }

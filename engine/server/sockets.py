@@ -1,0 +1,121 @@
+"""One place that configures every ZeroMQ socket: frame size limits, queue limits, linger,
+ROUTER behaviour, and the rule that an endpoint stays on loopback unless CURVE is on.
+
+libzmq copies socket options into a listener or connection when bind/connect runs, so an
+option set afterwards does not apply to it: harden() and auth.CurveServer.secure() refuse a
+socket that is already bound or connected.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import zmq
+
+from engine.protocol import MAX_BUS_FRAME, MAX_CONTROL_FRAME, MAX_KV_FRAME
+
+SOCKET_KINDS = frozenset({"control", "telemetry", "bus", "kv"})
+
+# Largest frame payload per kind (ZMQ_MAXMSGSIZE is checked per frame, on the wire).
+FRAME_LIMITS = {"control": MAX_CONTROL_FRAME, "telemetry": MAX_BUS_FRAME,
+                "bus": MAX_BUS_FRAME, "kv": MAX_KV_FRAME}
+# CURVE wraps each frame in a MESSAGE command 33 bytes longer, and libzmq checks MAXMSGSIZE
+# against that: without this slack a frame of exactly the limit is refused under CURVE.
+CURVE_FRAME_OVERHEAD = 33
+# SNDHWM/RCVHWM in messages. Telemetry: a slow subscriber loses messages (PUB drops at the
+# HWM; sequence numbers show the gap) instead of growing memory. kv: 0 = no limit, never
+# dropped (a ROUTER would drop at any finite HWM); flow control is the sender's job.
+HWMS = {"control": 1000, "telemetry": 100, "bus": 1000, "kv": 0}
+
+
+def require_fresh(sock: zmq.Socket, what: str) -> None:
+    """Raise ValueError (starting with `what`) when `sock` is already bound or connected."""
+    last = sock.getsockopt(zmq.LAST_ENDPOINT)
+    if last:
+        raise ValueError(f"{what}: the socket is already bound or connected ({last.decode()}); "
+                         "options set now would not apply to that endpoint")
+
+
+def harden(sock: zmq.Socket, kind: str) -> zmq.Socket:
+    """Set MAXMSGSIZE, SNDHWM/RCVHWM, LINGER 0 for `kind` (one of SOCKET_KINDS) and, on a
+    ROUTER, ROUTER_MANDATORY off (unroutable replies are dropped, never raise) and
+    ROUTER_HANDOVER on (a reconnecting client takes over its identity). Returns `sock`.
+    Call it before bind/connect. Raises ValueError for an unknown kind or a socket already
+    bound or connected."""
+    if kind not in SOCKET_KINDS:
+        raise ValueError(f"unknown socket kind {kind!r}; expected one of {sorted(SOCKET_KINDS)}")
+    require_fresh(sock, f"harden({kind!r})")
+    sock.setsockopt(zmq.MAXMSGSIZE, FRAME_LIMITS[kind] + CURVE_FRAME_OVERHEAD)
+    sock.setsockopt(zmq.SNDHWM, HWMS[kind])
+    sock.setsockopt(zmq.RCVHWM, HWMS[kind])
+    sock.setsockopt(zmq.LINGER, 0)
+    if sock.type == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    return sock
+
+
+def is_loopback(endpoint: str) -> bool:
+    """True when `endpoint` can only be reached from this machine: ipc://, inproc://, or tcp
+    on 127.0.0.0/8, [::1] or localhost. Wildcards (*, 0.0.0.0, [::]), interface names, other
+    hosts, other transports and anything unparseable give False. Never raises."""
+    transport, sep, rest = str(endpoint).partition("://")
+    if not sep:
+        return False
+    if transport in ("ipc", "inproc"):
+        return True
+    if transport != "tcp" or ";" in rest:  # "src;dst" connect syntax: not a bind address
+        return False
+    host, colon, port = rest.rpartition(":")
+    if not colon or not port:
+        return False
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host.lower() == "localhost":
+        return True
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
+def is_curve_secured(sock: zmq.Socket) -> bool:
+    """True when `sock` is a CURVE server that asks a ZAP handler (non-empty ZAP domain) and
+    fails closed without one (ZAP_ENFORCE_DOMAIN): what auth.CurveServer.secure() sets."""
+    return bool(sock.getsockopt(zmq.CURVE_SERVER) and sock.getsockopt(zmq.ZAP_DOMAIN)
+                and sock.getsockopt(zmq.ZAP_ENFORCE_DOMAIN))
+
+
+def check_bind_policy(endpoint: str, curve_enabled: bool) -> None:
+    """Allow a bind on a loopback endpoint always, elsewhere only with CURVE (and its ZAP
+    allowlist) on. Raises ValueError naming the endpoint otherwise."""
+    if not curve_enabled and not is_loopback(endpoint):
+        raise ValueError(
+            f"refusing to bind {endpoint}: it is not a loopback address and CURVE is off. "
+            "Bind to tcp://127.0.0.1:PORT, or turn CURVE on (python main.py keys generate DIR)")
+
+
+def _client_address(endpoint: str) -> str:
+    """A wildcard bind address as a client on this machine would connect to it."""
+    for wildcard, local in (("tcp://0.0.0.0:", "tcp://127.0.0.1:"), ("tcp://[::]:", "tcp://[::1]:")):
+        if endpoint.startswith(wildcard):
+            return local + endpoint[len(wildcard):]
+    return endpoint
+
+
+def bind_endpoint(sock: zmq.Socket, endpoint: str) -> str:
+    """Bind `sock` to `endpoint` under check_bind_policy (CURVE counts as on when
+    is_curve_secured(sock)); port 0 or * picks a free port. Returns the endpoint actually bound
+    (LAST_ENDPOINT), a wildcard host replaced by loopback so a local client can connect to it.
+    Raises ValueError (policy) or zmq.ZMQError (the bind itself, e.g. address in use)."""
+    secured = is_curve_secured(sock)
+    check_bind_policy(endpoint, secured)
+    sock.bind(endpoint)
+    actual = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    if not secured and not is_loopback(actual):  # e.g. "localhost" resolving elsewhere
+        sock.unbind(actual)
+        check_bind_policy(actual, False)
+    return _client_address(actual)

@@ -1,0 +1,409 @@
+"""Supervisor: the engine server. Admission, routing, worker lifecycle, audit, telemetry.
+
+It owns three sockets, all in this one thread: the control ROUTER (clients), the
+telemetry XPUB, and the worker bus ROUTER (ipc in a private run directory). Workers are
+separate processes; one dying never takes the supervisor down. The supervisor never
+imports torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+import time
+from collections import Counter, deque
+from pathlib import Path
+
+import zmq
+
+from engine.capacity import check_capacity, exceeding
+from engine.config import EngineConfig
+from engine.errors import ConfigError, PageWardenError, WorkerCrashed, WorkerStopped
+from engine.model.config import read_model_config
+from engine.protocol import ProtocolError, error_reply, pack, unpack
+from engine.server.audit import AuditLog
+from engine.server.metrics import MetricsWindow
+from engine.server.request_record import Phase, RequestRecord
+from engine.server.sockets import bind_endpoint, harden
+from engine.server.telemetry import TelemetryPublisher
+from engine.server.worker_handle import WorkerHandle, WorkerState
+
+DEFAULT_BIND = "tcp://127.0.0.1:5650"
+HEARTBEAT_TIMEOUT_S = 30.0  # only for hung workers: a dead one is seen at once by its exit
+START_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 5.0
+METRICS_PERIOD_S = 1.0
+WORKERS_PERIOD_S = 2.0
+CAPACITY_PERIOD_S = 10.0
+
+
+class Supervisor:
+    def __init__(self, config: EngineConfig, *, bind: str = DEFAULT_BIND, telemetry_bind: str | None = None,
+                 curve=None):
+        """curve: an engine.server.auth.CurveServer, or None for plaintext (loopback only).
+
+        Raises ConfigError when strict capacity is on and the window exceeds a pool, or a
+        non-loopback endpoint is asked for without CURVE."""
+        from engine.server.auth import check_bind_policy
+
+        check_bind_policy(bind, curve is not None)
+        if telemetry_bind:
+            check_bind_policy(telemetry_bind, curve is not None)
+        self.config = config
+        self.curve = curve
+        self.model_config = read_model_config(config.model.resolved_path())
+        self.findings = self._capacity(config)
+        if config.engine.strict_capacity and exceeding(self.findings):
+            raise ConfigError("strict capacity: " + "; ".join(f.message() for f in exceeding(self.findings)))
+        self.ctx = curve.context if curve is not None else zmq.Context()
+        self.run_dir = Path(tempfile.mkdtemp(prefix="pagewarden-"))
+        self.run_dir.chmod(0o700)  # the bus and KV sockets live here: this user only
+        self.control = harden(self.ctx.socket(zmq.ROUTER), "control")
+        self.pub = harden(self.ctx.socket(zmq.XPUB), "telemetry")
+        if curve is not None:
+            curve.secure(self.control)
+            curve.secure(self.pub)
+        self.control_endpoint = bind_endpoint(self.control, bind)
+        self.telemetry_endpoint = bind_endpoint(self.pub, telemetry_bind or _next_port(self.control_endpoint))
+        self.bus = harden(self.ctx.socket(zmq.ROUTER), "bus")
+        self.bus_endpoint = f"ipc://{self.run_dir}/bus"
+        self.bus.bind(self.bus_endpoint)
+        self.poller = zmq.Poller()
+        for sock in (self.control, self.bus, self.pub):
+            self.poller.register(sock, zmq.POLLIN)
+        self.telemetry = TelemetryPublisher(self.pub)
+        self.metrics = MetricsWindow()
+        self.audit = AuditLog()
+        self.counters: Counter[str] = Counter()
+        self.requests: dict[str, RequestRecord] = {}
+        self.queue: deque[str] = deque()  # admitted, waiting for a decode worker
+        self.awaiting_prefill: deque[str] = deque()  # reserved, waiting for a prefill worker
+        self.reserving: set[str] = set()  # reserve sent, no answer yet
+        self.pending_metadata: dict[int, tuple[bytes, object]] = {}
+        self.slots = itertools.count(1)
+        self.ask_ids = itertools.count(1)
+        self.started_at = time.time()
+        self.stopping = False
+        self._tokenizer = None
+        self._restart_after_stop: set[str] = set()
+        self._stop_deadline: dict[str, float] = {}
+        self._last = {"metrics": 0.0, "workers": 0.0, "capacity": 0.0}
+        self.workers: dict[str, WorkerHandle] = {}
+        for role in ("prefill", "decode"):
+            for i in range(getattr(config.workers, role)):
+                name = f"{role}-{i}"
+                self.workers[name] = WorkerHandle(name, role, self.run_dir)
+        from engine.server.control_ops import ControlOps
+        from engine.server.worker_events import WorkerEvents
+
+        self.ops = ControlOps(self)
+        self.events = WorkerEvents(self)
+
+    # ---- lifecycle --------------------------------------------------------------------
+    def start_workers(self) -> None:
+        for worker in self.workers.values():
+            self.spawn(worker)
+        self.publish_capacity()
+
+    def spawn(self, worker: WorkerHandle) -> None:
+        worker.spawn(self.config.to_dict(), self.bus_endpoint)
+        self.audit_worker(worker, "spawned")
+        self.publish_workers()
+
+    def run(self, *, until=None) -> None:
+        """Serve until shutdown() is requested (or `until()` returns True)."""
+        while not self.stopping and not (until and until()):
+            self.poll_once(50)
+
+    def poll_once(self, timeout_ms: int) -> None:
+        ready = dict(self.poller.poll(timeout_ms))
+        if self.control in ready:
+            self._drain(self.control, self.ops.handle)
+        if self.bus in ready:
+            self._drain(self.bus, self.events.handle)
+        if self.pub in ready and self.telemetry.drain_subscriptions():
+            self.broadcast({"op": "telemetry", "pages": self.telemetry.wants_pages()})
+        self.watch_workers()
+        self.dispatch()
+        self.periodic()
+
+    def _drain(self, sock: zmq.Socket, handler) -> None:
+        for _ in range(10_000):  # bounded so one busy socket cannot starve the others
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            identity, body = frames[0].bytes, frames[1:]
+            try:
+                handler(identity, unpack(body) if body else None, body)
+            except ProtocolError as exc:
+                self.counters["bad_messages"] += 1
+                if sock is self.control:
+                    self.to_client(identity, error_reply(_msg_id(body), exc.code, str(exc)))
+            except PageWardenError as exc:
+                self.counters["errors"] += 1
+                if sock is self.control:
+                    self.to_client(identity, error_reply(_msg_id(body), exc.code, str(exc)))
+
+    def shutdown(self) -> None:
+        """Stop every worker (kill what does not exit in time), close sockets, remove the run dir."""
+        self.stopping = True
+        for worker in self.workers.values():
+            if worker.poll_exit() is None and worker.proc is not None:
+                self.to_worker(worker, {"op": "shutdown"})
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for worker in self.workers.values():
+            while worker.poll_exit() is None and worker.proc is not None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            worker.kill()
+        for sock in (self.control, self.pub, self.bus):
+            sock.close(linger=0)
+        if self.curve is not None:
+            self.curve.stop()
+        self.ctx.term()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    # ---- sending ----------------------------------------------------------------------
+    def to_client(self, identity: bytes, frames: list) -> None:
+        self.control.send_multipart([identity, *frames], copy=False)
+
+    def to_worker(self, worker: WorkerHandle, header: dict, arrays=None) -> None:
+        self.bus.send_multipart([worker.identity, *pack(header, arrays)], copy=False)
+
+    def broadcast(self, header: dict) -> None:
+        for worker in self.workers.values():
+            if worker.state in (WorkerState.READY, WorkerState.DRAINING):
+                self.to_worker(worker, header)
+
+    # ---- routing ----------------------------------------------------------------------
+    def dispatch(self) -> None:
+        """Give queued requests to decode workers with room, reserved ones to prefill workers."""
+        page_size = self.config.engine.page_size
+        max_batch = self.config.engine.max_batch
+        # Reserve decode pages only for requests a prefill worker can take soon: pages held
+        # for a request that waits on a missing prefill worker would be held for nothing.
+        prefill_room = sum(max_batch - len(w.inflight) for w in self.role_workers("prefill") if w.accepting)
+        prefill_room -= len(self.awaiting_prefill) + len(self.reserving)
+        while self.queue and prefill_room > 0:
+            rec = self.requests[self.queue[0]]
+            need = -(-(rec.prompt_len + rec.params["max_new_tokens"]) // page_size)
+            decode = [w for w in self.role_workers("decode")
+                      if w.accepting and len(w.inflight) < max_batch and w.free_pages >= need]
+            if not decode:
+                return self._dispatch_prefill()  # first come, first served: the head waits
+            worker = max(decode, key=lambda w: w.free_pages)
+            self.queue.popleft()
+            prefill_room -= 1
+            self.reserving.add(rec.request_id)
+            worker.inflight.add(rec.request_id)
+            worker.stats["free_pages"] = worker.free_pages - need  # until its next report
+            rec.phase, rec.decode_worker = Phase.RESERVING, worker.name
+            self.to_worker(worker, {"op": "reserve", "request_id": rec.request_id, "slot": rec.slot,
+                                    "prompt_ids": rec.prompt_ids, "params": rec.params, "tenant": rec.tenant})
+            self.audit.record(rec.request_id, "reserve_sent", worker=worker.name)
+            self.publish_request(rec)
+        self._dispatch_prefill()
+
+    def _dispatch_prefill(self) -> None:
+        max_jobs = self.config.engine.max_batch
+        while self.awaiting_prefill:
+            prefill = [w for w in self.role_workers("prefill") if w.accepting and len(w.inflight) < max_jobs]
+            if not prefill:
+                return
+            rec = self.requests[self.awaiting_prefill.popleft()]
+            worker = min(prefill, key=lambda w: len(w.inflight))
+            worker.inflight.add(rec.request_id)
+            rec.phase, rec.prefill_worker = Phase.PREFILLING, worker.name
+            self.to_worker(worker, {
+                "op": "prefill", "request_id": rec.request_id, "slot": rec.slot, "prompt_ids": rec.prompt_ids,
+                "params": rec.params, "target": {"endpoint": self.workers[rec.decode_worker].info["transfer_endpoint"],
+                                                 "reservation": rec.reservation},
+            })
+            self.audit.record(rec.request_id, "prefill_sent", worker=worker.name)
+            self.publish_request(rec)
+
+    def role_workers(self, role: str) -> list[WorkerHandle]:
+        return [w for w in self.workers.values() if w.role == role]
+
+    # ---- ending requests --------------------------------------------------------------
+    def finish(self, rec: RequestRecord, phase: Phase, reason: str, error: dict | None = None) -> None:
+        """End a request once: tell its client, free the workers' slots, record, publish."""
+        if rec.done:
+            return
+        now = time.monotonic()
+        rec.phase, rec.finish_reason, rec.error, rec.finished_at = phase, reason, error, now
+        for name in (rec.decode_worker, rec.prefill_worker):
+            if name in self.workers:
+                self.workers[name].inflight.discard(rec.request_id)
+        for q in (self.queue, self.awaiting_prefill):
+            if rec.request_id in q:
+                q.remove(rec.request_id)
+        self.reserving.discard(rec.request_id)
+        if rec.first_token_at is not None and len(rec.output_ids) > 1:
+            self.metrics.add_tpot((now - rec.first_token_at) / (len(rec.output_ids) - 1), now)
+        self.counters[phase.value] += 1
+        self.audit.record(rec.request_id, phase.value, reason=reason, error=error, tokens=len(rec.output_ids))
+        if rec.client is not None:
+            self.to_client(rec.client, pack({
+                "op": "done", "id": rec.msg_id, "request_id": rec.request_id, "token_ids": rec.output_ids,
+                "text": self.detokenize(rec.output_ids), "finish_reason": reason, "error": error,
+                "ttft_s": rec.ttft_s, "elapsed_s": now - rec.arrival, "prompt_len": rec.prompt_len,
+                "decode_worker": rec.decode_worker, "prefill_worker": rec.prefill_worker,
+            }))
+        self.publish_request(rec)
+        self._forget_old()
+
+    def _forget_old(self, keep: int = 10_000) -> None:
+        if len(self.requests) > 2 * keep:
+            done = [rid for rid, r in self.requests.items() if r.done]
+            for rid in done[: len(self.requests) - keep]:
+                del self.requests[rid]
+
+    def fail_worker_requests(self, worker: WorkerHandle, error_cls, why: str) -> None:
+        """A worker stopped or died: end its requests and unwind the other side of each."""
+        for rid in list(worker.inflight):
+            rec = self.requests.get(rid)
+            worker.inflight.discard(rid)
+            if rec is None or rec.done:
+                continue
+            error = error_cls(f"request {rid} failed: {why}")
+            if worker.role == "decode" and rec.phase == Phase.PREFILLING and rec.prefill_worker:
+                prefill = self.workers[rec.prefill_worker]
+                if prefill.accepting or prefill.state == WorkerState.DRAINING:
+                    self.to_worker(prefill, {"op": "cancel", "request_id": rid})
+            if worker.role == "prefill" and rec.decode_worker:
+                decode = self.workers[rec.decode_worker]
+                if decode.poll_exit() is None and decode.proc is not None:
+                    # no transfer can come any more; a late one is dropped by the receiver
+                    self.to_worker(decode, {"op": "release", "request_id": rid})
+            self.finish(rec, Phase.FAILED, error.code, error.to_wire())
+        if worker.role == "decode" and worker.info.get("transfer_endpoint"):
+            for prefill in self.role_workers("prefill"):
+                if prefill.poll_exit() is None and prefill.proc is not None:
+                    self.to_worker(prefill, {"op": "forget_endpoint", "endpoint": worker.info["transfer_endpoint"]})
+
+    # ---- worker processes -------------------------------------------------------------
+    def watch_workers(self) -> None:
+        now = time.monotonic()
+        for worker in self.workers.values():
+            code = worker.poll_exit()
+            if code is not None and worker.state not in (WorkerState.STOPPED, WorkerState.CRASHED):
+                self._on_exit(worker, code)
+            elif worker.state == WorkerState.READY and now - worker.last_seen > HEARTBEAT_TIMEOUT_S:
+                worker.reason = f"no heartbeat for {now - worker.last_seen:.1f} s"
+                worker.dump_stack()
+                worker.kill()  # hung: the exit is handled on the next pass
+            elif worker.state == WorkerState.STARTING and now - worker.started_at > START_TIMEOUT_S:
+                worker.reason = f"did not say hello within {START_TIMEOUT_S:.0f} s"
+                worker.kill()
+            elif worker.state == WorkerState.STOPPING and now > self._stop_deadline.get(worker.name, now + 1):
+                worker.kill()
+            elif worker.state == WorkerState.DRAINING and not worker.inflight:
+                self.stop_worker(worker, restart=True)
+
+    def _on_exit(self, worker: WorkerHandle, code: int) -> None:
+        worker.exit_code = code
+        if worker.state == WorkerState.STOPPING:
+            worker.state = WorkerState.STOPPED
+            self.fail_worker_requests(worker, WorkerStopped, f"worker {worker.name} was stopped")
+            self.audit_worker(worker, "stopped")
+            if worker.name in self._restart_after_stop:
+                self._restart_after_stop.discard(worker.name)
+                self.spawn(worker)
+        else:
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            worker.reason = f"{worker.reason}; {how}" if worker.reason else how
+            worker.state = WorkerState.CRASHED
+            why = f"worker {worker.name} (pid {worker.pid}) {worker.reason}"
+            self.fail_worker_requests(worker, WorkerCrashed, why)
+            self.alert("worker_crashed", "critical", why, worker=worker.name, log_tail=worker.log_tail(40))
+            self.audit_worker(worker, "crashed")
+        self.publish_workers()
+
+    def stop_worker(self, worker: WorkerHandle, *, restart: bool = False) -> None:
+        if worker.poll_exit() is not None or worker.proc is None:
+            worker.state = WorkerState.STOPPED
+            if restart:
+                self.spawn(worker)
+            return
+        worker.state = WorkerState.STOPPING
+        self._stop_deadline[worker.name] = time.monotonic() + STOP_TIMEOUT_S
+        if restart:
+            self._restart_after_stop.add(worker.name)
+        self.fail_worker_requests(worker, WorkerStopped, f"worker {worker.name} was stopped")
+        self.to_worker(worker, {"op": "shutdown"})
+        self.publish_workers()
+
+    # ---- telemetry --------------------------------------------------------------------
+    def periodic(self) -> None:
+        now = time.monotonic()
+        if now - self._last["metrics"] >= METRICS_PERIOD_S:
+            self._last["metrics"] = now
+            self.telemetry.publish("metrics", {**self.metrics.snapshot(now), **self.load()})
+        if now - self._last["workers"] >= WORKERS_PERIOD_S:
+            self.publish_workers()
+            self.broadcast({"op": "ping"})  # workers that hear nothing for long assume we died
+        if now - self._last["capacity"] >= CAPACITY_PERIOD_S:
+            self.publish_capacity()
+
+    def load(self) -> dict:
+        running = sum(1 for r in self.requests.values() if r.phase == Phase.DECODING)
+        pools = {}
+        for w in self.workers.values():
+            pool = w.info.get("pool")
+            if pool:
+                pools[pool["name"]] = {"role": w.role, "pages": pool["pages"],
+                                       "used_pages": w.stats.get("used_pages", 0)}
+        return {"queue_depth": len(self.queue) + len(self.awaiting_prefill), "running": running, "pools": pools}
+
+    def publish_workers(self) -> None:
+        self._last["workers"] = time.monotonic()
+        self.telemetry.publish("workers", {"workers": [w.describe() for w in self.workers.values()]})
+
+    def publish_capacity(self) -> None:
+        self._last["capacity"] = time.monotonic()
+        self.telemetry.publish("capacity", {"findings": [f.to_dict() for f in self.findings],
+                                            "exceeds": bool(exceeding(self.findings))})
+
+    def publish_request(self, rec: RequestRecord) -> None:
+        self.telemetry.publish("requests", rec.describe())
+
+    def alert(self, kind: str, severity: str, detail: str, **fields) -> None:
+        self.counters[f"alert:{kind}"] += 1
+        self.telemetry.publish("alerts", {"kind": kind, "severity": severity, "state": "firing",
+                                          "detail": detail, **fields})
+
+    def audit_worker(self, worker: WorkerHandle, event: str) -> None:
+        self.audit.record(f"worker:{worker.name}", event, pid=worker.pid, reason=worker.reason)
+
+    # ---- helpers ----------------------------------------------------------------------
+    def _capacity(self, config: EngineConfig):
+        return check_capacity(config, model_max_positions=self.model_config.max_position_embeddings)
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from engine.model.tokenizer import TextTokenizer
+
+            self._tokenizer = TextTokenizer.from_dir(self.config.model.resolved_path())
+        return self._tokenizer
+
+    def detokenize(self, ids: list[int]) -> str | None:
+        try:
+            return self.tokenizer.decode(ids)
+        except PageWardenError:
+            return None
+
+
+def _next_port(endpoint: str) -> str:
+    """The telemetry endpoint beside the control one: same host, port + 1."""
+    host, _, port = endpoint.rpartition(":")
+    return f"{host}:{int(port) + 1}" if port.isdigit() else f"{host}:0"
+
+
+def _msg_id(body: list):
+    try:
+        return unpack(body).get("id")
+    except Exception:
+        return None

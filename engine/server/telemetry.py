@@ -1,0 +1,62 @@
+"""TelemetryPublisher: the supervisor's PUB side (an XPUB, so it knows who listens).
+
+Every topic carries its own sequence number; `pages/<pool>` messages keep the sequence of
+the worker that owns the pool, so a subscriber can tell it missed a delta and ask for a
+keyframe. Page telemetry is computed by the workers only while someone subscribes to it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import zmq
+
+from engine.protocol import pack, pack_header
+
+
+class TelemetryPublisher:
+    def __init__(self, sock: zmq.Socket):
+        self.sock = sock
+        self.seq: dict[str, int] = {}
+        self.subscriptions: set[bytes] = set()
+        self.bad_subscriptions = 0
+
+    def publish(self, topic: str, header: dict, arrays: dict | None = None) -> int:
+        seq = self.seq.get(topic, 0) + 1
+        self.seq[topic] = seq
+        frames = pack({"topic": topic, "seq": seq, "time": time.time(), **header}, arrays)
+        self._send(topic, frames)
+        return seq
+
+    def relay_pages(self, header: dict, array_frames: list) -> None:
+        """Forward a worker's `pages` message as topic pages/<pool>, frames untouched."""
+        topic = f"pages/{header['pool']}"
+        out = {k: v for k, v in header.items() if k not in ("op", "v")}
+        out["topic"] = topic
+        frames = [pack_header(out), *array_frames]
+        self._send(topic, frames)
+
+    def _send(self, topic: str, frames: list) -> None:
+        try:
+            self.sock.send_multipart([topic.encode(), *frames], copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # a PUB never blocks; a slow subscriber sees a sequence gap
+
+    def drain_subscriptions(self) -> bool:
+        """Read (un)subscribe messages; returns True when interest in pages changed."""
+        before = self.wants_pages()
+        while True:
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if frame[:1] == b"\x01":
+                self.subscriptions.add(frame[1:])
+            elif frame[:1] == b"\x00":
+                self.subscriptions.discard(frame[1:])
+            else:
+                self.bad_subscriptions += 1  # not a subscription: count and drop
+        return self.wants_pages() != before
+
+    def wants_pages(self) -> bool:
+        return any(b"pages/".startswith(s) or s.startswith(b"pages") for s in self.subscriptions)

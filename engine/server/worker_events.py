@@ -1,0 +1,175 @@
+"""WorkerEvents: what the supervisor does with each message a worker sends on the bus."""
+
+from __future__ import annotations
+
+import time
+
+from engine.protocol import Message, ProtocolError, field_of
+from engine.server.request_record import Phase
+from engine.server.worker_handle import WorkerHandle, WorkerState
+
+
+class WorkerEvents:
+    def __init__(self, sup):
+        self.sup = sup
+
+    def handle(self, identity: bytes, msg: Message | None, frames: list) -> None:
+        sup = self.sup
+        worker = sup.workers.get(identity.decode(errors="replace"))
+        if msg is None or worker is None:
+            raise ProtocolError(f"bus message from unknown peer {identity[:32]!r}")
+        if msg.op == "hello":
+            return self.on_hello(worker, msg)
+        if worker.state not in (WorkerState.READY, WorkerState.DRAINING, WorkerState.STOPPING):
+            raise ProtocolError(f"worker {worker.name} spoke before a valid hello")
+        worker.last_seen = time.monotonic()
+        handler = getattr(self, f"on_{msg.op}", None)
+        if handler is None:
+            raise ProtocolError(f"unknown worker op {msg.op!r} from {worker.name}")
+        if msg.op == "pages":
+            return self.on_pages(worker, msg, frames)
+        handler(worker, msg)
+
+    # ---- lifecycle ------------------------------------------------------------------
+    def on_hello(self, worker: WorkerHandle, msg: Message) -> None:
+        sup = self.sup
+        if worker.state != WorkerState.STARTING or field_of(msg, "token", "str") != worker.token:
+            raise ProtocolError(f"hello from {worker.name} refused: not expected or wrong token")
+        worker.info = dict(msg.header)
+        worker.info.pop("token", None)
+        worker.stats = {"free_pages": worker.info["pool"]["pages"], "used_pages": 0}
+        worker.state, worker.last_seen = WorkerState.READY, time.monotonic()
+        sup.audit_worker(worker, "ready")
+        sup.to_worker(worker, {"op": "telemetry", "pages": sup.telemetry.wants_pages()})
+        sup.publish_workers()
+
+    def on_heartbeat(self, worker: WorkerHandle, msg: Message) -> None:
+        worker.stats = {k: v for k, v in msg.header.items() if k not in ("op", "v")}
+
+    def on_bad_command(self, worker: WorkerHandle, msg: Message) -> None:
+        self.sup.counters["worker_bad_commands"] += 1
+
+    # ---- request flow -----------------------------------------------------------------
+    def _record(self, msg: Message):
+        return self.sup.requests.get(field_of(msg, "request_id", "str"))
+
+    def on_reserved(self, worker: WorkerHandle, msg: Message) -> None:
+        sup, rec = self.sup, self._record(msg)
+        worker.stats["free_pages"] = field_of(msg, "free_pages", "int")
+        sup.reserving.discard(field_of(msg, "request_id", "str"))
+        if rec is None or rec.done or rec.cancel_requested:
+            # ended while reserving: no prefill job was ever sent, so the pages may go now
+            sup.to_worker(worker, {"op": "release", "request_id": field_of(msg, "request_id", "str")})
+            return
+        rec.reservation = field_of(msg, "reservation", "map")
+        rec.pages[worker.name] = field_of(msg, "pages", "int")
+        rec.phase = Phase.AWAITING_PREFILL
+        sup.awaiting_prefill.append(rec.request_id)
+        sup.audit.record(rec.request_id, "reserved", worker=worker.name, epoch=rec.reservation.get("epoch"),
+                         pages=rec.reservation.get("pages"))
+
+    def on_reserve_failed(self, worker: WorkerHandle, msg: Message) -> None:
+        sup, rec = self.sup, self._record(msg)
+        worker.stats["free_pages"] = field_of(msg, "free_pages", "int")
+        worker.inflight.discard(field_of(msg, "request_id", "str"))
+        sup.reserving.discard(field_of(msg, "request_id", "str"))
+        if rec is not None and not rec.done:
+            rec.phase, rec.decode_worker = Phase.QUEUED, None
+            sup.queue.appendleft(rec.request_id)  # it keeps its place in line
+            sup.audit.record(rec.request_id, "reserve_failed", worker=worker.name)
+
+    def on_prefilled(self, worker: WorkerHandle, msg: Message) -> None:
+        rec = self._record(msg)
+        worker.inflight.discard(field_of(msg, "request_id", "str"))
+        if rec is not None:
+            rec.pages[worker.name] = field_of(msg, "pages", "int")
+            self.sup.audit.record(rec.request_id, "prefilled", worker=worker.name,
+                                  chunks=msg.get("chunks"), elapsed_s=msg.get("elapsed_s"))
+
+    def on_prefill_failed(self, worker: WorkerHandle, msg: Message) -> None:
+        sup, rec = self.sup, self._record(msg)
+        worker.inflight.discard(field_of(msg, "request_id", "str"))
+        if rec is None or rec.done:
+            return
+        if rec.decode_worker:
+            sup.to_worker(sup.workers[rec.decode_worker], {"op": "release", "request_id": rec.request_id})
+        error = field_of(msg, "error", "map")
+        sup.finish(rec, Phase.FAILED, str(error.get("code", "error")), error)
+
+    def on_transfer_done(self, worker: WorkerHandle, msg: Message) -> None:
+        sup, rec = self.sup, self._record(msg)
+        ok = field_of(msg, "ok", "bool")
+        rid = field_of(msg, "request_id", "str")
+        sup.counters["transfers_ok" if ok else "transfers_rejected"] += 1
+        sup.audit.record(rid, "transfer_done", worker=worker.name, ok=ok, error=msg.get("error"))
+        if rec is None or rec.done:
+            return
+        if ok:
+            rec.phase = Phase.DECODING
+            sup.publish_request(rec)
+        else:
+            error = field_of(msg, "error", "map")
+            sup.finish(rec, Phase.FAILED, str(error.get("code", "transfer_mismatch")), error)
+
+    def on_tokens(self, worker: WorkerHandle, msg: Message) -> None:
+        sup = self.sup
+        now = time.monotonic()
+        worker.stats["free_pages"] = field_of(msg, "free_pages", "int")
+        total = 0
+        for item in field_of(msg, "items", "list"):
+            rid, tokens = item
+            rec = sup.requests.get(rid)
+            if rec is None or rec.done:
+                continue
+            if rec.first_token_at is None:
+                rec.first_token_at = now
+                sup.metrics.add_ttft(rec.ttft_s, now)
+            rec.output_ids.extend(int(t) for t in tokens)
+            total += len(tokens)
+            if rec.client is not None and rec.params.get("stream", True):
+                sup.to_client(rec.client, sup.ops.token_event(rec, tokens))
+        sup.metrics.add_tokens(total, now)
+        sup.counters["tokens"] += total
+        for rid, reason, error in field_of(msg, "finished", "list"):
+            rec = sup.requests.get(rid)
+            worker.inflight.discard(rid)
+            if rec is not None:
+                phase = Phase.FINISHED if error is None else Phase.FAILED
+                sup.finish(rec, phase, str(reason), error)
+
+    def on_cancel_ack(self, worker: WorkerHandle, msg: Message) -> None:
+        """I4: the prefill side will send nothing more; the decode pages may be released."""
+        sup, rec = self.sup, self._record(msg)
+        rid = field_of(msg, "request_id", "str")
+        worker.inflight.discard(rid)
+        sup.audit.record(rid, "cancel_ack", worker=worker.name, sent=msg.get("sent"))
+        if rec is not None and rec.decode_worker:
+            decode = sup.workers[rec.decode_worker]
+            if decode.poll_exit() is None and decode.proc is not None:
+                sup.to_worker(decode, {"op": "release", "request_id": rid})
+
+    def on_released(self, worker: WorkerHandle, msg: Message) -> None:
+        worker.stats["free_pages"] = field_of(msg, "free_pages", "int")
+        rid = field_of(msg, "request_id", "str")
+        worker.inflight.discard(rid)
+        self.sup.audit.record(rid, "released", worker=worker.name)
+
+    # ---- telemetry ------------------------------------------------------------------
+    def on_pages(self, worker: WorkerHandle, msg: Message, frames: list) -> None:
+        self.sup.telemetry.relay_pages(msg.header, frames[1:])
+
+    def on_alert(self, worker: WorkerHandle, msg: Message) -> None:
+        fields = {k: v for k, v in msg.header.items() if k not in ("op", "v", "kind", "severity", "detail")}
+        for rid in fields.get("requests", []) or []:
+            self.sup.audit.record(rid, f"alert:{msg.get('kind')}", worker=worker.name, detail=msg.get("detail"))
+        self.sup.alert(str(msg.get("kind")), str(msg.get("severity", "warning")), str(msg.get("detail", "")),
+                       **fields)
+
+    def on_page_metadata(self, worker: WorkerHandle, msg: Message) -> None:
+        from engine.protocol import pack
+
+        waiting = self.sup.pending_metadata.pop(msg.get("ask_id"), None)
+        if waiting is not None:
+            client, msg_id = waiting
+            self.sup.to_client(client, pack({"op": "reply", "id": msg_id, "result": {
+                "pool": msg.get("pool"), "worker": worker.name}}, msg.arrays))

@@ -1,0 +1,124 @@
+"""WorkerHandle: the supervisor's view of one worker process and its lifecycle."""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.config import REPO_ROOT
+
+TOKEN_ENV = "PAGEWARDEN_WORKER_TOKEN"
+
+
+class WorkerState(str, enum.Enum):
+    STARTING = "starting"  # process spawned, no hello yet
+    READY = "ready"
+    DRAINING = "draining"  # takes no new requests; restarts when its last one is done
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    CRASHED = "crashed"
+
+
+@dataclass
+class WorkerHandle:
+    name: str
+    role: str  # "prefill" | "decode"
+    run_dir: Path
+    state: WorkerState = WorkerState.STOPPED
+    proc: subprocess.Popen | None = None
+    token: str = ""
+    info: dict = field(default_factory=dict)  # from its hello
+    stats: dict = field(default_factory=dict)  # from its last heartbeat
+    inflight: set[str] = field(default_factory=set)
+    last_seen: float = 0.0
+    started_at: float = 0.0
+    restarts: int = 0
+    exit_code: int | None = None
+    reason: str = ""  # why it last stopped or crashed
+
+    @property
+    def identity(self) -> bytes:
+        return self.name.encode()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / f"{self.name}.log"
+
+    @property
+    def accepting(self) -> bool:
+        return self.state == WorkerState.READY
+
+    @property
+    def free_pages(self) -> int:
+        return int(self.stats.get("free_pages", self.info.get("pool", {}).get("pages", 0)))
+
+    def spawn(self, config_dict: dict, bus_endpoint: str) -> None:
+        """Start the worker process; it says hello on the bus when its model is loaded."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"worker {self.name} is already running (pid {self.proc.pid})")
+        if self.proc is not None:
+            self.restarts += 1
+        self.token = secrets.token_hex(16)
+        env = {**os.environ, TOKEN_ENV: self.token}
+        log = open(self.log_path, "ab")
+        cmd = [
+            sys.executable, "-m", "engine.workers.main", "--role", self.role, "--name", self.name,
+            "--bus", bus_endpoint, "--run-dir", str(self.run_dir), "--config-json", json.dumps(config_dict),
+        ]
+        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+        log.close()
+        self.state, self.info, self.stats = WorkerState.STARTING, {}, {}
+        self.started_at = self.last_seen = time.monotonic()
+        self.exit_code, self.reason = None, ""
+
+    def poll_exit(self) -> int | None:
+        """The exit code if the process has ended, else None."""
+        if self.proc is None:
+            return None
+        return self.proc.poll()
+
+    def dump_stack(self) -> None:
+        """Ask a hung worker to write its Python stack into its log (SIGUSR1, faulthandler)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(0.3)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def log_tail(self, lines: int = 8) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    def describe(self) -> dict:
+        pool = self.info.get("pool", {})
+        return {
+            "name": self.name, "role": self.role, "state": self.state.value, "pid": self.pid,
+            "device": self.info.get("device"), "kernels": self.info.get("kernels"),
+            "pool": {
+                "name": pool.get("name", self.name), "pages": pool.get("pages"),
+                "page_size": pool.get("page_size"), "used_pages": self.stats.get("used_pages"),
+                "free_pages": self.stats.get("free_pages"),
+            },
+            "inflight": len(self.inflight), "restarts": self.restarts, "exit_code": self.exit_code,
+            "reason": self.reason, "stats": self.stats,
+            "uptime_s": round(time.monotonic() - self.started_at, 3) if self.started_at else None,
+        }

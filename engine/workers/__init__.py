@@ -1,0 +1,1 @@
+"""Worker processes: each owns one pool on its device (prefill or decode)."""

@@ -1,0 +1,169 @@
+"""DecodeWorker: reserves pages, accepts verified KV transfers, decodes in batches.
+
+I3: pages of a reservation become WRITTEN only when a transfer matching it arrived whole
+(TransferReceiver checks request, epoch, token and page counts, page ids and checksums).
+I4: a cancelled reservation keeps its pages IN_FLIGHT until the supervisor says the
+prefill side acknowledged the cancellation; a transfer arriving after that is dropped.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import zmq
+
+from engine.errors import Cancelled, PoolExhausted, TransferMismatch, TransferTimeout
+from engine.kv.page_tags import PageState
+from engine.protocol import Message, field_of
+from engine.request import Request, RequestOutput
+from engine.server.sockets import harden
+from engine.workers.loop import WorkerLoop
+from engine.workers.prefill import params_from_wire
+from engine.workers.transfer import Reservation, TransferReceiver
+
+TRANSFER_TIMEOUT_S = 60.0
+
+
+class DecodeWorker(WorkerLoop):
+    role = "decode"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.kv = harden(self.ctx.socket(zmq.PULL), "kv")
+        self.kv_endpoint = f"ipc://{self.run_dir}/{self.name}.kv"
+        self.kv.bind(self.kv_endpoint)
+        self.poller.register(self.kv, zmq.POLLIN)
+        self.receiver = TransferReceiver(self.engine.pool)
+        self.reserved: dict[str, Request] = {}  # waiting for their transfer
+        self.cancelling: set[str] = set()  # cancelled; pages held until the prefill side acks
+        self._epochs = 0
+        self._last_expire = time.monotonic()
+
+    def hello(self) -> dict:
+        return {**super().hello(), "transfer_endpoint": self.kv_endpoint}
+
+    def stats(self) -> dict:
+        return {**super().stats(), "running": len(self.engine.scheduler.running),
+                "reserved": len(self.reserved), "transfers": dict(self.receiver.counts)}
+
+    def busy(self) -> bool:
+        return bool(self.engine.scheduler.running)
+
+    # ---- commands ---------------------------------------------------------------------
+    def handle(self, msg: Message) -> None:
+        if msg.op == "reserve":
+            self._reserve(msg)
+        elif msg.op == "cancel":
+            self._cancel(field_of(msg, "request_id", "str"))
+        elif msg.op == "release":
+            self._release(field_of(msg, "request_id", "str"))
+        else:
+            super().handle(msg)
+
+    def _reserve(self, msg: Message) -> None:
+        request = Request(
+            field_of(msg, "request_id", "str"), field_of(msg, "prompt_ids", "list[int]"),
+            params_from_wire(field_of(msg, "params", "map", default={})),
+            tenant=field_of(msg, "tenant", "str", default="default"), slot=field_of(msg, "slot", "int", low=0),
+        )
+        pool = self.engine.pool
+        try:
+            self.engine.reserve(request)
+        except PoolExhausted as exc:
+            self.send({"op": "reserve_failed", "request_id": request.request_id,
+                       "error": exc.to_wire(), "free_pages": pool.free_pages})
+            return
+        table = request.page_table
+        prompt_pages = table.pages[: pool.pages_for_tokens(request.prompt_len)]
+        pool.set_state(request.slot, prompt_pages, PageState.IN_FLIGHT)
+        self._epochs += 1
+        reservation = Reservation(
+            request.request_id, request.slot, self._epochs, request.prompt_len,
+            prompt_pages.astype(np.int32), table.epochs[: len(prompt_pages)].astype(np.int64),
+        )
+        self.receiver.expect(reservation)
+        self.reserved[request.request_id] = request
+        self.send({"op": "reserved", "request_id": request.request_id, "reservation": reservation.to_wire(),
+                   "endpoint": self.kv_endpoint, "pages": len(table.pages), "free_pages": pool.free_pages})
+
+    def _cancel(self, request_id: str) -> None:
+        if request_id in self.reserved:
+            # I4: stop accepting its transfer, but keep its pages until the prefill side acks.
+            self.receiver.cancel(request_id)
+            self.cancelling.add(request_id)
+        else:
+            self._fail(request_id, Cancelled(f"request {request_id} cancelled"))
+
+    def _release(self, request_id: str) -> None:
+        """The prefill side acknowledged (or died): the reservation's pages may go."""
+        self.cancelling.discard(request_id)
+        if self.reserved.pop(request_id, None) is not None:
+            self.receiver.cancel(request_id)
+            self.engine.abort(request_id, Cancelled(f"request {request_id} released"))
+        self.send({"op": "released", "request_id": request_id, "free_pages": self.engine.pool.free_pages})
+
+    # ---- transfers ------------------------------------------------------------------
+    def on_ready(self, ready: dict) -> None:
+        if self.kv not in ready:
+            return
+        while True:
+            try:
+                frames = self.kv.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            event = self.receiver.on_message(frames)
+            if event is not None:
+                self._on_transfer(event)
+
+    def _on_transfer(self, event) -> None:
+        rid = event.request_id
+        if event.kind == "complete" and rid in self.reserved:
+            self.reserved.pop(rid)
+            outputs = self.engine.adopt(rid, event.first_token)
+            self.send({"op": "transfer_done", "request_id": rid, "ok": True})
+            self._report(outputs)
+        elif event.kind in ("mismatch", "timeout") and rid in self.reserved:
+            error_cls = TransferMismatch if event.kind == "mismatch" else TransferTimeout
+            error = error_cls(f"request {rid}: KV transfer rejected by {self.name}: {event.detail}; "
+                              f"its pages were scrubbed and freed")
+            self.alert(error.code, "critical", event.detail, requests=[rid], pages=event.pages)
+            self._fail(rid, error)
+            self.send({"op": "transfer_done", "request_id": rid, "ok": False, "error": error.to_wire()})
+        elif event.kind == "late":
+            self.alert("late_write_dropped", "warning", event.detail,
+                       requests=[rid] if rid else [], pages=event.pages)
+        else:
+            self.bad_messages += 1
+
+    def _fail(self, request_id: str, error) -> None:
+        self.reserved.pop(request_id, None)
+        self.cancelling.discard(request_id)
+        self.engine.abort(request_id, error)  # frees (and scrubs) its pages
+
+    # ---- decoding ---------------------------------------------------------------------
+    def work(self) -> None:
+        now = time.monotonic()
+        if now - self._last_expire > 1.0:
+            self._last_expire = now
+            for event in self.receiver.expire(now, TRANSFER_TIMEOUT_S):
+                self._on_transfer(event)
+        if self.engine.scheduler.running:
+            self._report(self.engine.step())
+
+    def _report(self, outputs: list[RequestOutput]) -> None:
+        if not outputs:
+            return
+        items = [[o.request_id, o.new_token_ids] for o in outputs if o.new_token_ids]
+        finished = [[o.request_id, o.finish_reason, o.error.to_wire() if o.error else None]
+                    for o in outputs if o.finished]
+        for o in outputs:
+            if o.error is not None and o.error.code == "ownership_violation":
+                pages = [p["page"] for p in getattr(o.error, "pages", [])]
+                self.alert("ownership_violation", "critical", str(o.error), requests=[o.request_id], pages=pages)
+        self.send({"op": "tokens", "items": items, "finished": finished,
+                   "free_pages": self.engine.pool.free_pages})
+
+    def close(self) -> None:
+        self.kv.close(linger=0)
+        super().close()

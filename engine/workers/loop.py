@@ -1,0 +1,143 @@
+"""WorkerLoop: what both worker roles share — the link to the supervisor, heartbeats,
+page telemetry, live configuration, and the poll loop that drives the role's work."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import zmq
+
+from engine.config import EngineConfig
+from engine.errors import PageWardenError
+from engine.protocol import Message, ProtocolError, pack, page_arrays, unpack
+from engine.runner import Engine
+from engine.server.sockets import harden
+from engine.workers.page_telemetry import PageTelemetry
+
+HEARTBEAT_S = 0.5
+ORPHAN_S = 15.0  # no word from the supervisor for this long: it is gone, so exit
+
+
+class WorkerLoop:
+    role = "worker"
+
+    def __init__(self, name: str, bus_endpoint: str, token: str, config: EngineConfig, run_dir: str):
+        self.name, self.token, self.config, self.run_dir = name, token, config, run_dir
+        self.ctx = zmq.Context()
+        self.bus = harden(self.ctx.socket(zmq.DEALER), "bus")
+        self.bus.setsockopt(zmq.IDENTITY, name.encode())
+        self.bus.connect(bus_endpoint)
+        self.engine = Engine(config, pool=self.role, pool_name=name)
+        self.telemetry = PageTelemetry(self.engine.pool, self.role)
+        self.poller = zmq.Poller()
+        self.poller.register(self.bus, zmq.POLLIN)
+        self.stopping = False
+        self.bad_messages = 0
+        self._last_heartbeat = 0.0
+        self._last_heard = time.monotonic()
+
+    # ---- sending ----------------------------------------------------------------------
+    def send(self, header: dict, arrays: dict | None = None) -> None:
+        self.bus.send_multipart(pack(header, arrays), copy=False)
+
+    def alert(self, kind: str, severity: str, detail: str, **fields) -> None:
+        self.send({"op": "alert", "kind": kind, "severity": severity, "detail": detail,
+                   "pool": self.engine.pool.name, "worker": self.name, **fields})
+
+    def hello(self) -> dict:
+        pool = self.engine.pool
+        return {
+            "op": "hello", "name": self.name, "role": self.role, "pid": os.getpid(), "token": self.token,
+            "device": str(pool.device), "kernels": self.engine.kernels.name,
+            "pool": {"name": pool.name, "pages": pool.num_pages, "page_size": pool.page_size,
+                     "bytes_per_page": pool.layout.bytes_per_page},
+        }
+
+    def stats(self) -> dict:
+        pool = self.engine.pool
+        return {"free_pages": pool.free_pages, "used_pages": pool.used_pages,
+                "bad_messages": self.bad_messages, "scrubbed_pages": pool.scrubbed_pages}
+
+    # ---- the loop ---------------------------------------------------------------------
+    def run(self) -> None:
+        self.send(self.hello())
+        try:
+            while not self.stopping:
+                ready = dict(self.poller.poll(0 if self.busy() else 20))
+                if self.bus in ready:
+                    self._drain_bus()
+                self.on_ready(ready)
+                self.work()
+                self._periodic()
+        finally:
+            self.close()
+
+    def _drain_bus(self) -> None:
+        while True:
+            try:
+                frames = self.bus.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._last_heard = time.monotonic()
+            try:
+                self.on_bus(unpack(frames))
+            except (ProtocolError, PageWardenError, KeyError, ValueError, TypeError) as exc:
+                # a bad command must not take the worker down: count it and say so
+                self.bad_messages += 1
+                self.send({"op": "bad_command", "error": {"code": "bad_message", "message": str(exc)}})
+
+    def _periodic(self) -> None:
+        now = time.monotonic()
+        if now - self._last_heartbeat >= HEARTBEAT_S:
+            self._last_heartbeat = now
+            self.send({"op": "heartbeat", **self.stats()})
+        for header, arrays in self.telemetry.due(now):
+            self.send(header, arrays)
+        if now - self._last_heard > ORPHAN_S:
+            self.stopping = True
+
+    def on_bus(self, msg: Message) -> None:
+        op = msg.op
+        if op == "shutdown":
+            self.stopping = True
+        elif op == "ping":
+            pass
+        elif op == "telemetry":
+            self.telemetry.enable(bool(msg.get("pages", False)))
+        elif op == "keyframe":
+            self.telemetry.ask_keyframe()
+        elif op == "page_metadata":
+            self.send({"op": "page_metadata", "ask_id": msg.get("ask_id"), "pool": self.engine.pool.name},
+                      page_arrays(self.engine.pool.metadata_snapshot()))
+        elif op == "configure":
+            self.configure(msg.get("engine", {}))
+        else:
+            self.handle(msg)
+
+    def configure(self, changes: dict) -> None:
+        """Live settings: applied between steps without restarting."""
+        engine = self.engine
+        if "check_writer_tags" in changes:
+            engine.runner.check_writer_tags = bool(changes["check_writer_tags"])
+        if "scrub_policy" in changes:
+            engine.pool.scrub_policy = str(changes["scrub_policy"])
+        if "max_batch" in changes:
+            engine.scheduler.max_batch = int(changes["max_batch"])
+
+    def close(self) -> None:
+        self.bus.close(linger=200)  # let the last messages (tokens, bye) leave
+        self.ctx.term()
+
+    # ---- the role's part --------------------------------------------------------------
+    def busy(self) -> bool:
+        return False
+
+    def on_ready(self, ready: dict) -> None:
+        pass
+
+    def work(self) -> None:
+        pass
+
+    def handle(self, msg: Message) -> None:
+        raise ProtocolError(f"{self.role} worker {self.name}: unknown op {msg.op!r}")

@@ -1,0 +1,56 @@
+"""Entry point of a worker process: `python -m engine.workers.main --role decode ...`.
+
+Started by the supervisor, never by hand. The worker token comes in the environment
+(PAGEWARDEN_WORKER_TOKEN) so that it does not show in `ps`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import faulthandler
+import json
+import os
+import signal
+import sys
+
+TOKEN_ENV = "PAGEWARDEN_WORKER_TOKEN"
+
+
+def _die_with_parent() -> None:
+    """Linux: get SIGTERM when the supervisor dies, so no worker outlives it."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # elsewhere the orphan timeout in the loop does the same, later
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--role", choices=["prefill", "decode"], required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--bus", required=True, help="the supervisor's worker bus endpoint")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--config-json", required=True, help="the engine config as JSON")
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # The supervisor sends SIGUSR1 to a worker that stopped answering before it kills it:
+    # the stack lands in the worker's log, and the crash alert quotes it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+    from engine.config import config_from_dict
+
+    config = config_from_dict(json.loads(args.config_json), source=f"worker {args.name}")
+    if args.role == "prefill":
+        from engine.workers.prefill import PrefillWorker as Worker
+    else:
+        from engine.workers.decode import DecodeWorker as Worker
+    worker = Worker(args.name, args.bus, os.environ.get(TOKEN_ENV, ""), config, args.run_dir)
+    worker.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""PrefillWorker: runs prompts into its own pool and ships the pages to a decode worker.
+
+A job names the decode worker's reservation (request, epoch, page ids, token count). The
+worker computes the prompt's K/V in its own pages, checks that those pages carry its own
+writer tags (I1 on the prefill side), samples the first token, and sends a transfer
+(manifest + page bytes, zero-copy) straight to the decode worker. Its pages are freed
+once ZeroMQ has let go of the bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import zmq
+
+from engine.errors import PoolExhausted
+from engine.kv.page_table import PageTable
+from engine.protocol import Message, ProtocolError, field_of
+from engine.request import Request, SamplingParams
+from engine.sampling import sample_next
+from engine.server.sockets import harden
+from engine.workers.loop import WorkerLoop
+from engine.workers.transfer import iter_transfer
+
+
+@dataclass
+class PrefillJob:
+    request: Request
+    endpoint: str
+    reservation: dict
+    started: float = 0.0
+
+
+@dataclass
+class Shipment:
+    """Pages whose bytes ZeroMQ may still be reading."""
+
+    tracker: zmq.MessageTracker
+    slot: int
+    pages: np.ndarray
+
+
+def params_from_wire(d: dict) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=int(d.get("max_new_tokens", 16)), temperature=float(d.get("temperature", 0.0)),
+        top_k=int(d.get("top_k", 0)), top_p=float(d.get("top_p", 1.0)), seed=d.get("seed"),
+        ignore_eos=bool(d.get("ignore_eos", False)), stop_token_ids=tuple(d.get("stop_token_ids", ())),
+    )
+
+
+class PrefillWorker(WorkerLoop):
+    role = "prefill"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.jobs: deque[PrefillJob] = deque()
+        self.shipping: list[Shipment] = []
+        self.pushes: dict[str, zmq.Socket] = {}
+        self.generators: dict[str, torch.Generator] = {}
+        self.sent_ids: deque[str] = deque(maxlen=4096)  # to answer a cancel that came too late
+
+    def busy(self) -> bool:
+        return bool(self.jobs or self.shipping)
+
+    def handle(self, msg: Message) -> None:
+        if msg.op == "prefill":
+            self.jobs.append(self._job(msg))
+        elif msg.op == "cancel":
+            self._cancel(field_of(msg, "request_id", "str"))
+        elif msg.op == "forget_endpoint":
+            push = self.pushes.pop(field_of(msg, "endpoint", "str"), None)
+            if push is not None:
+                push.close(linger=0)
+        else:
+            super().handle(msg)
+
+    def _job(self, msg: Message) -> PrefillJob:
+        target = field_of(msg, "target", "map")
+        request = Request(
+            field_of(msg, "request_id", "str"), field_of(msg, "prompt_ids", "list[int]"),
+            params_from_wire(field_of(msg, "params", "map", default={})),
+            slot=field_of(msg, "slot", "int", low=0),
+        )
+        if not request.prompt_ids:
+            raise ProtocolError("field 'prompt_ids' is empty")
+        return PrefillJob(request, field_of(target, "endpoint", "str"), field_of(target, "reservation", "map"))
+
+    def _cancel(self, request_id: str) -> None:
+        for job in list(self.jobs):
+            if job.request.request_id == request_id:
+                self.jobs.remove(job)
+                self.send({"op": "cancel_ack", "request_id": request_id, "sent": False})
+                return
+        # Already shipped (or never seen): nothing more will be sent for it.
+        self.send({"op": "cancel_ack", "request_id": request_id, "sent": request_id in self.sent_ids})
+
+    # ---- work -------------------------------------------------------------------------
+    def work(self) -> None:
+        self._release_shipped()
+        batch = self._start_batch()
+        if not batch:
+            return
+        logits = self.engine.runner.prefill([job.request for job in batch])
+        tokens = sample_next(logits, [job.request for job in batch], self.generators)
+        for job, token in zip(batch, tokens):
+            self._ship(job, token)
+
+    def _start_batch(self) -> list[PrefillJob]:
+        """Jobs that fit the prefill budget and the pool's free pages, in arrival order."""
+        batch, budget, pool = [], self.engine.config.engine.max_prefill_tokens, self.engine.pool
+        while self.jobs:
+            job = self.jobs[0]
+            request = job.request
+            if batch and request.prompt_len > budget:
+                break
+            try:
+                grant = pool.allocate(request.slot, pool.pages_for_tokens(request.prompt_len))
+            except PoolExhausted:
+                break  # pages come back as shipments complete
+            request.page_table = PageTable.from_grant(request.slot, pool.page_size, grant)
+            job.started = time.monotonic()
+            batch.append(self.jobs.popleft())
+            budget -= request.prompt_len
+        return batch
+
+    def _ship(self, job: PrefillJob, first_token: int) -> None:
+        request, pool = job.request, self.engine.pool
+        pages = request.page_table.pages
+        problem = self._own_pages_problem(request)
+        if problem:
+            self.alert("ownership_violation", "critical", problem, requests=[request.request_id],
+                       pages=[int(p) for p in pages])
+            pool.free(request.slot, pages)
+            self.send({"op": "prefill_failed", "request_id": request.request_id,
+                       "error": {"code": "ownership_violation", "message": problem}})
+            return
+        push = self._push(job.endpoint)
+        tracker, chunks = None, 0
+        try:
+            # each chunk is checksummed just before it goes, so sending starts at once
+            for frames in iter_transfer(pool, pages, job.reservation, first_token=first_token, sender=self.name):
+                tracker = push.send_multipart(frames, copy=False, track=True)
+                chunks += 1
+        except (ProtocolError, ValueError) as exc:  # a reservation that cannot be honoured
+            self.shipping.append(Shipment(tracker, request.slot, pages))
+            self.send({"op": "prefill_failed", "request_id": request.request_id,
+                       "error": {"code": "transfer_mismatch", "message": f"{self.name}: {exc}"}})
+            return
+        self.shipping.append(Shipment(tracker, request.slot, pages))
+        self.sent_ids.append(request.request_id)
+        self.send({
+            "op": "prefilled", "request_id": request.request_id, "first_token": first_token,
+            "tokens": request.prompt_len, "pages": len(pages), "chunks": chunks,
+            "elapsed_s": time.monotonic() - job.started,
+        })
+
+    def _own_pages_problem(self, request: Request) -> str | None:
+        """I1 on the prefill side: every page about to be shipped was written by this
+        request in this epoch, with every prompt token."""
+        pool, table = self.engine.pool, request.page_table
+        idx = torch.from_numpy(table.pages.astype(np.int64)).to(pool.device)
+        writer = pool.writer[idx].cpu().numpy()
+        filled = pool.filled[idx].cpu().numpy()
+        expected = table.expected_tags()
+        needed = np.minimum(pool.page_size, request.prompt_len - np.arange(len(table.pages)) * pool.page_size)
+        bad = np.nonzero((writer != expected) | (filled < needed))[0]
+        if not len(bad):
+            return None
+        j = int(bad[0])
+        return (f"prefill pool {pool.name!r}: page {int(table.pages[j])} of request {request.request_id} "
+                f"has writer tag {int(writer[j])} and {int(filled[j])} tokens; expected tag "
+                f"{int(expected[j])} and {int(needed[j])} tokens; not shipped")
+
+    def _push(self, endpoint: str) -> zmq.Socket:
+        push = self.pushes.get(endpoint)
+        if push is None:
+            push = harden(self.ctx.socket(zmq.PUSH), "kv")
+            push.connect(endpoint)
+            self.pushes[endpoint] = push
+        return push
+
+    def _release_shipped(self) -> None:
+        still = []
+        for shipment in self.shipping:
+            if shipment.tracker is None or shipment.tracker.done:
+                self.engine.pool.free(shipment.slot, shipment.pages)
+            else:
+                still.append(shipment)
+        self.shipping = still
+
+    def close(self) -> None:
+        for push in self.pushes.values():
+            push.close(linger=0)
+        super().close()

@@ -1,0 +1,499 @@
+"""KV transfer from a prefill pool to a decode pool (DESIGN.md invariants I3 and I4).
+
+The decode worker reserves pages for a request and describes its prompt pages in a
+Reservation. The prefill worker sends the prompt's pages as chunk messages
+(build_transfer / iter_transfer). The decode worker feeds every message it receives to a
+TransferReceiver, which checks each chunk against the reservation before writing a byte,
+and marks the pages WRITTEN, stamping the request's writer tags, only after the last chunk.
+
+A chunk message is `[msgpack header, page frame, page frame, ...]`. The header repeats the
+whole manifest (request, epoch, tokens, decode pages and their epochs, layout), so every
+chunk is checked on its own, and carries a crc32 of each of its pages.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from engine.errors import IsolationError
+from engine.kv.page_pool import MAX_SLOT
+from engine.kv.page_tags import PageState, pack_tag
+from engine.protocol import ProtocolError, field_of, frame_bytes, pack_header, unpack_header
+
+OP = "kv_chunk"
+EVENT_KINDS = ("complete", "mismatch", "late", "garbage", "timeout")
+DEFAULT_CHUNK_BYTES = 8 << 20
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_REMEMBERED_ENDINGS = 4096  # finished request ids kept only to explain late chunks
+_MAX_EPOCH = (1 << 63) - 1
+_INT_FIELDS = ("tokens", "chunk", "chunks", "first", "count", "first_token")
+_LIST_FIELDS = ("pages", "page_epochs", "checksums")
+
+
+# ---- descriptions shared by both sides ---------------------------------------------------
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What one page holds; both pools must agree on it byte for byte."""
+
+    dtype: str  # "float32" | "bfloat16" | "float16"
+    page_shape: tuple[int, ...]  # pool.data.shape[1:]
+    bytes_per_page: int
+
+    @classmethod
+    def of(cls, pool) -> "KVLayout":
+        """The layout of `pool`'s pages. Raises ValueError for a dtype that is not transferred."""
+        name = _DTYPE_NAMES.get(pool.data.dtype)
+        if name is None:
+            raise ValueError(f"pool {pool.name!r}: dtype {pool.data.dtype} cannot be transferred")
+        shape = tuple(int(d) for d in pool.data.shape[1:])
+        return cls(name, shape, math.prod(shape) * pool.data.element_size())
+
+    def to_wire(self) -> dict:
+        """msgpack-able form."""
+        return {"dtype": self.dtype, "page_shape": list(self.page_shape), "bytes_per_page": self.bytes_per_page}
+
+    def difference(self, wire: dict) -> str | None:
+        """None when `wire` describes this layout, else a sentence naming the first field that differs."""
+        for key, mine in self.to_wire().items():
+            theirs = wire.get(key)
+            if theirs != mine:
+                return f"layout {key} {theirs!r} != {mine!r} of the decode pool"
+        return None
+
+
+@dataclass
+class Reservation:
+    """Decode side: the pages it granted for one request's prompt, as the transfer must fill them."""
+
+    request_id: str
+    slot: int  # the request's engine-wide slot (owner id in both pools)
+    epoch: int  # reservation epoch: a counter unique per decode worker
+    tokens: int  # prompt length the transfer must carry
+    pages: np.ndarray  # int32 decode pages in token order, ceil(tokens / page_size) of them
+    page_epochs: np.ndarray  # int64 pool.epoch of each page at allocation
+
+    def __post_init__(self):
+        self.pages = np.asarray(self.pages, dtype=np.int32).reshape(-1)
+        self.page_epochs = np.asarray(self.page_epochs, dtype=np.int64).reshape(-1)
+
+    def to_wire(self) -> dict:
+        """msgpack-able form (plain ints and lists)."""
+        return {
+            "request_id": self.request_id, "slot": int(self.slot), "epoch": int(self.epoch),
+            "tokens": int(self.tokens), "pages": self.pages.tolist(), "page_epochs": self.page_epochs.tolist(),
+        }
+
+    @classmethod
+    def from_wire(cls, d: dict) -> "Reservation":
+        """Parse to_wire()'s form. Raises ProtocolError naming the first bad field."""
+        if not isinstance(d, dict):
+            raise ProtocolError(f"reservation must be a map, got {type(d).__name__}")
+        request_id = field_of(d, "request_id", "str", max_len=1024)
+        if not request_id:
+            raise ProtocolError("field 'request_id' is empty")
+        slot = field_of(d, "slot", "int", low=0, high=MAX_SLOT)
+        epoch = field_of(d, "epoch", "int", low=0, high=_MAX_EPOCH)
+        tokens = field_of(d, "tokens", "int", low=1, high=1 << 40)
+        pages = field_of(d, "pages", "list[int]")
+        page_epochs = field_of(d, "page_epochs", "list[int]")
+        if not pages:
+            raise ProtocolError("field 'pages' is empty")
+        if len(page_epochs) != len(pages):
+            raise ProtocolError(f"field 'page_epochs' has {len(page_epochs)} items for {len(pages)} pages")
+        if min(pages) < 0 or max(pages) > MAX_SLOT:
+            raise ProtocolError(f"field 'pages' holds a page id outside 0..{MAX_SLOT}")
+        if len(set(pages)) != len(pages):
+            raise ProtocolError("field 'pages' lists a page twice")
+        if min(page_epochs) < 0 or max(page_epochs) > _MAX_EPOCH:
+            raise ProtocolError("field 'page_epochs' holds a negative or oversized epoch")
+        return cls(request_id, slot, epoch, tokens, np.array(pages), np.array(page_epochs))
+
+
+def page_checksum(buf) -> int:
+    """zlib.crc32 of one page's bytes (any contiguous buffer; zlib releases the GIL on big ones)."""
+    return zlib.crc32(buf)
+
+
+def pages_per_chunk(bytes_per_page: int, chunk_bytes: int) -> int:
+    """How many pages one chunk message carries: as many as fit chunk_bytes, at least one."""
+    return max(1, int(chunk_bytes) // int(bytes_per_page))
+
+
+# ---- prefill side --------------------------------------------------------------------
+
+def build_transfer(pool, src_pages: np.ndarray, reservation: dict, *, first_token: int,
+                   chunk_bytes: int = DEFAULT_CHUNK_BYTES, sender: str = "", tokens: int | None = None) -> list[list]:
+    """Prefill side: the multipart messages (each a list of frames) that carry the prompt's
+    pages `src_pages` (prefill pool pages, token order) to the reservation's decode pages.
+
+    On CPU the page frames are views of the pool's memory: send them with copy=False and
+    keep the pages unfreed until the send completes (track=True). `tokens` is the prompt
+    length actually prefilled (default: the reservation's); a shorter one yields an honest
+    short manifest that the receiver rejects. Raises ProtocolError for a malformed
+    reservation and ValueError when src_pages do not hold `tokens` or cannot fit it.
+    """
+    return list(iter_transfer(pool, src_pages, reservation, first_token=first_token,
+                              chunk_bytes=chunk_bytes, sender=sender, tokens=tokens))
+
+
+def iter_transfer(pool, src_pages: np.ndarray, reservation: dict | Reservation, *, first_token: int,
+                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, sender: str = "",
+                  tokens: int | None = None) -> Iterator[list]:
+    """build_transfer's messages one at a time, each checksummed just before it is yielded,
+    so that checksumming chunk i+1 overlaps the socket sending chunk i. Checks its
+    arguments now and raises as build_transfer does."""
+    res = reservation if isinstance(reservation, Reservation) else Reservation.from_wire(reservation)
+    tokens = res.tokens if tokens is None else int(tokens)
+    src = np.asarray(src_pages, dtype=np.int64).reshape(-1)
+    needed = pool.pages_for_tokens(tokens)
+    if tokens < 1 or tokens > res.tokens:
+        raise ValueError(f"request {res.request_id}: {tokens} tokens cannot fill a reservation of {res.tokens}")
+    if len(src) != needed:
+        raise ValueError(f"request {res.request_id}: {len(src)} source pages for {tokens} tokens, {needed} needed")
+    if len(src) and (src.min() < 0 or src.max() >= pool.num_pages):
+        raise ValueError(f"request {res.request_id}: source page outside 0..{pool.num_pages - 1}")
+    layout = KVLayout.of(pool)
+    per_chunk = pages_per_chunk(layout.bytes_per_page, chunk_bytes)
+    manifest = {
+        "op": OP, "request_id": res.request_id, "epoch": int(res.epoch), "tokens": tokens,
+        "pages": res.pages[:needed].tolist(), "page_epochs": res.page_epochs[:needed].tolist(),
+        "layout": layout.to_wire(), "first_token": int(first_token), "sender": sender,
+        "chunks": -(-needed // per_chunk),
+    }
+    return _chunk_messages(manifest, host_page_rows(pool, src), per_chunk)
+
+
+def _chunk_messages(manifest: dict, rows: list, per_chunk: int) -> Iterator[list]:
+    for chunk, first in enumerate(range(0, len(rows), per_chunk)):
+        frames = rows[first : first + per_chunk]
+        header = {**manifest, "chunk": chunk, "first": first, "count": len(frames),
+                  "checksums": [page_checksum(f) for f in frames]}
+        yield [pack_header(header), *frames]
+
+
+def host_page_rows(pool, pages: np.ndarray) -> list[np.ndarray]:
+    """One 1-D uint8 array per page holding its bytes: views of the pool on CPU, rows of
+    one gathered host copy on any other device."""
+    index = np.asarray(pages, dtype=np.int64).reshape(-1)
+    if pool.data.device.type == "cpu":
+        rows = _byte_rows(pool.data)
+        return [rows[p] for p in index]
+    gathered = pool.data.index_select(0, torch.from_numpy(index).to(pool.data.device)).cpu()
+    rows = _byte_rows(gathered)
+    return [rows[j] for j in range(len(index))]
+
+
+def _byte_rows(data: torch.Tensor) -> np.ndarray:
+    # [pages, bytes_per_page] uint8 numpy view sharing memory with a contiguous CPU tensor
+    return data.view(torch.uint8).reshape(data.shape[0], -1).numpy()
+
+
+# ---- decode side ---------------------------------------------------------------------
+
+@dataclass
+class TransferEvent:
+    """What one received message (or a timeout) did to a transfer."""
+
+    kind: str  # "complete" | "mismatch" | "late" | "garbage" | "timeout"
+    request_id: str | None
+    detail: str  # sentence naming what differed, e.g. "page count 3 != reserved 4"
+    first_token: int | None = None
+    pages: list[int] = field(default_factory=list)  # the reservation's (late: the chunk's)
+    sender: str = ""
+
+
+class _Outcome(Exception):
+    """Ends the handling of one message with an event (internal control flow)."""
+
+    def __init__(self, kind: str, detail: str, request_id: str | None = None, pages=None, sender: str = ""):
+        super().__init__(detail)
+        self.event = TransferEvent(kind, request_id, detail, pages=list(pages or []), sender=sender)
+
+
+@dataclass
+class _Transfer:
+    res: Reservation
+    page_list: list[int]  # res.pages as ints, compared with each header in one C call
+    epoch_list: list[int]
+    since: float  # expect() time until the first chunk arrives, then that chunk's time
+    next_chunk: int = 0
+    next_page: int = 0
+    chunks: int | None = None
+    first_token: int | None = None
+
+
+class TransferReceiver:
+    """Decode side: checks each chunk against its reservation, writes verified pages, and
+    marks them WRITTEN with the request's tags after the last one. Never raises on input;
+    never frees pages (on mismatch or timeout the caller scrubs and frees event.pages)."""
+
+    def __init__(self, pool, *, clock=time.monotonic):
+        self.pool = pool
+        self.layout = KVLayout.of(pool)
+        self.clock = clock
+        self.counts = {kind: 0 for kind in EVENT_KINDS}
+        self.bytes_written = 0
+        self._rows = _byte_rows(pool.data) if pool.data.device.type == "cpu" else None
+        self._pending: dict[str, _Transfer] = {}
+        self._ended: OrderedDict[str, str] = OrderedDict()  # request_id -> how it ended
+
+    # ---- reservations -----------------------------------------------------------------
+    def expect(self, reservation: Reservation) -> None:
+        """Start waiting for `reservation`'s transfer. Raises ValueError when the request is
+        already expected or its page count does not hold its tokens, and IsolationError
+        when a page is not the slot's IN_FLIGHT page of the stated epoch."""
+        res, pool = reservation, self.pool
+        if res.request_id in self._pending:
+            raise ValueError(f"request {res.request_id}: a transfer is already expected")
+        needed = pool.pages_for_tokens(res.tokens)
+        if res.tokens < 1 or len(res.pages) != needed or len(res.page_epochs) != len(res.pages):
+            raise ValueError(f"request {res.request_id}: {len(res.pages)} pages / {len(res.page_epochs)} epochs "
+                             f"for {res.tokens} tokens; {needed} needed")
+        if res.pages.min() < 0 or res.pages.max() >= pool.num_pages:
+            raise ValueError(f"request {res.request_id}: page outside 0..{pool.num_pages - 1}")
+        problem = self._ownership_problem(res, res.pages, res.page_epochs)
+        if problem:
+            raise IsolationError(problem)
+        self._ended.pop(res.request_id, None)
+        self._pending[res.request_id] = _Transfer(res, res.pages.tolist(), res.page_epochs.tolist(), self.clock())
+
+    def cancel(self, request_id: str) -> None:
+        """Stop waiting for `request_id`'s transfer: chunks arriving later are dropped as late.
+        Its pages are the caller's to free once cancel returns. Unknown ids are ignored."""
+        if self._pending.pop(request_id, None) is not None:
+            self._remember(request_id, "it was cancelled")
+
+    def pending(self) -> list[str]:
+        """Request ids whose transfer is expected and not finished."""
+        return list(self._pending)
+
+    def expire(self, now: float, timeout_s: float) -> list[TransferEvent]:
+        """`timeout` events for transfers expected (or, once started, started) more than
+        timeout_s before `now` (the receiver's clock); they stop being expected."""
+        events = []
+        for rid, t in list(self._pending.items()):
+            if now - t.since > timeout_s:
+                got = f"{t.next_chunk} of {t.chunks} chunks" if t.chunks else "no chunk"
+                detail = (f"transfer of request {rid} not complete {now - t.since:.1f}s after "
+                          f"{'its first chunk' if t.chunks else 'the reservation'} (timeout {timeout_s:g}s; got {got})")
+                events.append(self._end(t, "timeout", detail))
+                self.counts["timeout"] += 1
+        return events
+
+    # ---- messages ---------------------------------------------------------------------
+    def on_message(self, frames: list) -> TransferEvent | None:
+        """Handle one received multipart message; an event when it ended a transfer or was
+        rejected, None when it was a verified chunk that is not the last. Never raises."""
+        try:
+            event = self._on_chunk(frames)
+        except _Outcome as outcome:
+            event = outcome.event
+        except Exception as exc:  # noqa: BLE001 - input must never take the decode worker down
+            event = TransferEvent("garbage", None, f"undecodable transfer message ({type(exc).__name__}: {exc})")
+        if event is not None:
+            self.counts[event.kind] += 1
+        return event
+
+    def _on_chunk(self, frames) -> TransferEvent | None:
+        header, rid, epoch, sender = self._parse(frames)
+        t = self._pending.get(rid)
+        if t is None or epoch < t.res.epoch:
+            # never written: the pages may belong to someone else by now (I4)
+            why = self._ended.get(rid, "no transfer is expected for it")
+            if t is not None:
+                why = f"epoch {epoch} is older than the pending reservation's {t.res.epoch}"
+            pages = header.get("pages")
+            pages = [p for p in pages if type(p) is int] if isinstance(pages, list) else []
+            detail = f"chunk {_shown(header.get('chunk'))} of request {rid} dropped: {why}"
+            raise _Outcome("late", detail, rid, pages, sender)
+        for name in _INT_FIELDS:
+            _typed(header, name, "int", rid, sender)
+        for name in _LIST_FIELDS:
+            _typed(header, name, "list", rid, sender)
+        _typed(header, "layout", "map", rid, sender)
+        problem = self._header_problem(t, header, epoch, len(frames) - 1)
+        if problem:
+            self._fail(t, problem, sender)
+        views = [_byte_view(f, rid, sender) for f in frames[1:]]
+        problem = self._frames_problem(t, header, views)
+        if problem:
+            self._fail(t, problem, sender)
+        first, count = header["first"], header["count"]
+        self._write(t.res.pages[first : first + count], views)
+        if t.next_chunk == 0:
+            t.since, t.chunks, t.first_token = self.clock(), header["chunks"], header["first_token"]
+        t.next_chunk, t.next_page = t.next_chunk + 1, first + count
+        if t.next_page < len(t.page_list):
+            return None
+        return self._complete(t, sender)
+
+    def _parse(self, frames) -> tuple[dict, str, int, str]:
+        if not isinstance(frames, (list, tuple)) or not frames:
+            raise _Outcome("garbage", f"transfer message must be a non-empty list of frames, got {_shown(frames)}")
+        try:
+            header = unpack_header(frames[0])
+        except ProtocolError as exc:
+            raise _Outcome("garbage", f"bad transfer header: {exc}") from None
+        if header.get("op") != OP:
+            raise _Outcome("garbage", f"op {_shown(header.get('op'))} is not {OP!r}")
+        rid = header.get("request_id")
+        if not isinstance(rid, str):
+            raise _Outcome("garbage", f"field 'request_id' must be str, got {_shown(rid)}")
+        sender = header.get("sender", "")
+        sender = sender if isinstance(sender, str) else ""
+        epoch = _typed(header, "epoch", "int", rid, sender)
+        return header, rid, epoch, sender
+
+    def _header_problem(self, t: _Transfer, h: dict, epoch: int, frame_count: int) -> str | None:
+        """The manifest and chunk fields against the reservation and the chunks before."""
+        res, n = t.res, len(t.page_list)
+        if epoch != res.epoch:
+            return f"epoch {epoch} != reserved {res.epoch}"
+        if h["tokens"] != res.tokens:
+            return f"token count {h['tokens']} != reserved {res.tokens}"
+        if len(h["pages"]) != n:
+            return f"page count {len(h['pages'])} != reserved {n} (ceil({res.tokens} / {self.pool.page_size}))"
+        if h["pages"] != t.page_list:
+            return _first_difference("page ids", h["pages"], t.page_list)
+        if len(h["page_epochs"]) != n:
+            return f"page_epochs has {len(h['page_epochs'])} entries for {n} pages"
+        if h["page_epochs"] != t.epoch_list:
+            return _first_difference("page_epochs", h["page_epochs"], t.epoch_list)
+        layout_problem = self.layout.difference(h["layout"])
+        if layout_problem:
+            return layout_problem
+        if h["chunk"] != t.next_chunk:
+            return f"chunk {h['chunk']} != expected {t.next_chunk} (chunks arrive in order)"
+        if t.chunks is not None and h["chunks"] != t.chunks:
+            return f"chunks {h['chunks']} != {t.chunks} announced by chunk 0"
+        if not 1 <= h["chunks"] <= n:
+            return f"chunks {h['chunks']} outside 1..{n} for {n} pages"
+        if t.first_token is not None and h["first_token"] != t.first_token:
+            return f"first_token {h['first_token']} != {t.first_token} announced by chunk 0"
+        if h["first"] != t.next_page:
+            return f"first {h['first']} != expected {t.next_page}, where the previous chunk ended"
+        if h["count"] != frame_count:
+            return f"count {h['count']} != page frames present {frame_count}"
+        if h["count"] < 1 or h["first"] + h["count"] > n:
+            return f"count {h['count']} from page index {h['first']} does not fit the transfer's {n} pages"
+        last, ends = h["chunk"] == h["chunks"] - 1, h["first"] + h["count"] == n
+        if last and not ends:
+            return f"chunk {h['chunk']} is the last of {h['chunks']} but pages end at {h['first'] + h['count']} of {n}"
+        if ends and not last:
+            return f"chunk {h['chunk']} of {h['chunks']} already carries the last page of {n}"
+        if len(h["checksums"]) != h["count"]:
+            return f"checksums has {len(h['checksums'])} entries for count {h['count']}"
+        return None
+
+    def _frames_problem(self, t: _Transfer, h: dict, views: list[memoryview]) -> str | None:
+        """Frame sizes, checksums, and that the pool still holds the pages for this reservation."""
+        size = self.layout.bytes_per_page
+        first = h["first"]
+        for j, view in enumerate(views):
+            if view.nbytes != size:
+                return (f"frame {j + 1} (page {t.page_list[first + j]}) is {view.nbytes:,} bytes, "
+                        f"bytes_per_page is {size:,}")
+        for j, (view, sent) in enumerate(zip(views, h["checksums"])):
+            got = page_checksum(view)
+            if got != sent:
+                return (f"checksum of page {t.page_list[first + j]} (index {first + j}) is {got:#010x}, "
+                        f"sender's {_shown(sent)}")
+        span = slice(first, first + len(views))
+        return self._ownership_problem(t.res, t.res.pages[span], t.res.page_epochs[span])
+
+    def _ownership_problem(self, res: Reservation, pages: np.ndarray, epochs: np.ndarray) -> str | None:
+        # I4: the pages must still be this slot's IN_FLIGHT pages of the reserved epoch
+        pool = self.pool
+        bad = np.nonzero((pool.owner[pages] != res.slot) | (pool.epoch[pages] != epochs)
+                         | (pool.state[pages] != PageState.IN_FLIGHT))[0]
+        if not len(bad):
+            return None
+        j, page = int(bad[0]), int(pages[bad[0]])
+        return (f"decode page {page} is owner {int(pool.owner[page])}, epoch {int(pool.epoch[page])}, "
+                f"state {PageState(int(pool.state[page])).name}; the reservation of request {res.request_id} "
+                f"needs owner {res.slot}, epoch {int(epochs[j])}, IN_FLIGHT")
+
+    def _write(self, pages: np.ndarray, views: list[memoryview]) -> None:
+        if self._rows is not None:
+            for page, view in zip(pages, views):
+                self._rows[page] = np.frombuffer(view, dtype=np.uint8)
+        else:
+            # one host->device copy per chunk instead of one per page
+            staged = np.empty((len(views), self.layout.bytes_per_page), dtype=np.uint8)
+            for j, view in enumerate(views):
+                staged[j] = np.frombuffer(view, dtype=np.uint8)
+            data = self.pool.data
+            block = torch.from_numpy(staged).to(data.device).view(data.dtype).reshape(len(views), *data.shape[1:])
+            data.index_copy_(0, torch.from_numpy(pages.astype(np.int64)).to(data.device), block)
+        self.bytes_written += len(views) * self.layout.bytes_per_page
+
+    def _complete(self, t: _Transfer, sender: str) -> TransferEvent:
+        res, pool = t.res, self.pool
+        problem = self._ownership_problem(res, res.pages, res.page_epochs)
+        if problem:
+            self._fail(t, problem, sender)
+        # the code that wrote the K/V stamps the writer tag (I1), then the pages become readable
+        index = torch.from_numpy(res.pages.astype(np.int64)).to(pool.device)
+        filled = np.minimum(pool.page_size, res.tokens - np.arange(len(res.pages)) * pool.page_size)
+        pool.writer[index] = torch.from_numpy(pack_tag(np.int64(res.slot), res.page_epochs)).to(pool.device)
+        pool.filled[index] = torch.from_numpy(filled.astype(np.int32)).to(pool.device)
+        pool.mark_dirty(res.pages)
+        pool.set_state(res.slot, res.pages, PageState.WRITTEN)
+        event = self._end(t, "complete", f"{res.tokens} tokens in {len(res.pages)} pages of request "
+                                         f"{res.request_id} verified and written", sender)
+        event.first_token = t.first_token
+        return event
+
+    def _fail(self, t: _Transfer, detail: str, sender: str) -> None:
+        # raising ends the message's handling; the pages stay the caller's to scrub and free
+        event = self._end(t, "mismatch", f"request {t.res.request_id}: {detail}", sender)
+        raise _Outcome("mismatch", event.detail, event.request_id, event.pages, sender)
+
+    def _end(self, t: _Transfer, kind: str, detail: str, sender: str = "") -> TransferEvent:
+        rid = t.res.request_id
+        del self._pending[rid]
+        self._remember(rid, "its transfer already completed" if kind == "complete" else f"its transfer failed ({kind})")
+        return TransferEvent(kind, rid, detail, pages=t.res.pages.tolist(), sender=sender)
+
+    def _remember(self, request_id: str, how: str) -> None:
+        self._ended[request_id] = how
+        self._ended.move_to_end(request_id)
+        if len(self._ended) > _REMEMBERED_ENDINGS:
+            self._ended.popitem(last=False)
+
+
+def _typed(header: dict, name: str, kind: str, rid: str | None, sender: str):
+    # a field of the wrong type is garbage, not a mismatch: the request stays expected
+    try:
+        return field_of(header, name, kind)
+    except ProtocolError as exc:
+        raise _Outcome("garbage", f"request {rid}: {exc}", rid, sender=sender) from None
+
+
+def _byte_view(frame, rid: str, sender: str) -> memoryview:
+    try:
+        # numpy arrays and bytes in-process; zmq.Frame (copy=False receives) through .buffer
+        view = memoryview(frame) if not hasattr(frame, "buffer") else memoryview(frame_bytes(frame))
+        return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+    except (AttributeError, TypeError, ValueError):
+        raise _Outcome("garbage", f"request {rid}: a page frame of type {type(frame).__name__} is not a "
+                                  f"contiguous byte buffer", rid, sender=sender) from None
+
+
+def _first_difference(what: str, got: list, want: list) -> str:
+    j = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)
+    return f"{what} differ at index {j}: {_shown(got[j])} != reserved {want[j]}"
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
