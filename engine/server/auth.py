@@ -174,7 +174,7 @@ def load_allowlist(directory) -> frozenset[bytes]:
 # ---- server and client ------------------------------------------------------------------
 
 _HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_MONITOR_STOPPED)
+                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _COUNTED = {zmq.EVENT_HANDSHAKE_SUCCEEDED: "accepted", zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "bad_handshake",
             zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other"}
 
@@ -183,9 +183,11 @@ class CurveServer:
     """CurveZMQ server side for one zmq.Context: the server key pair from `key_dir`, a ZAP
     handler (ThreadAuthenticator) admitting only client keys in `allowlist_dir` (default
     key_dir/clients), and refusal counters for a status page. One per context (libzmq allows
-    one ZAP handler per context). Call stop() before terminating the context."""
+    one ZAP handler per context). Call stop() before terminating the context.
 
-    WATCH_POLL_MS = 100
+    Refusals by the allowlist are counted in the ZAP handler. A client with a wrong server key
+    or no CURVE at all fails before ZAP; count those with watch()/count_events()/unwatch() in
+    the thread that owns the secured socket."""
 
     def __init__(self, context: zmq.Context, key_dir, *, allowlist_dir=None, domain: str = ZAP_DOMAIN):
         """Raises FileNotFoundError/ValueError for bad key files, RuntimeError when the context
@@ -198,9 +200,8 @@ class CurveServer:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(("accepted", "unknown_key", "bad_handshake", "other"), 0)
         self._recent_keys: collections.deque = collections.deque(maxlen=8)
-        self._monitors: list[zmq.Socket] = []
         self._serial = itertools.count()
-        self._stopping = threading.Event()
+        self._stopped = False
         self._auth = ThreadAuthenticator(context)
         try:
             self._auth.start()
@@ -208,8 +209,6 @@ class CurveServer:
             self._auth.stop()
             raise RuntimeError(f"this context already has a ZAP handler ({e})") from e
         self._auth.configure_curve_callback(domain, self)
-        self._watcher = threading.Thread(target=self._watch, name="curve-watch", daemon=True)
-        self._watcher.start()
 
     # the credentials provider of zmq.auth: runs in the authenticator thread
     def callback(self, domain: str, key: bytes) -> bool:
@@ -219,14 +218,14 @@ class CurveServer:
         with self._lock:
             self._counts["unknown_key"] += 1
             self._recent_keys.append(key.decode("ascii", "replace"))
-        log.info("refused a CURVE client with a key not in %s: %s", self.allowlist_dir, key)
+        log.info("refused a CURVE client whose key is not in %s: %s", self.allowlist_dir, key)
         return False
 
     def secure(self, sock: zmq.Socket) -> zmq.Socket:
         """Make `sock` a CURVE server checked by this ZAP handler (curve_server, keys, ZAP
-        domain, ZAP_ENFORCE_DOMAIN) and count its failed handshakes. Call in the socket's thread,
-        before bind. Raises ValueError for a socket already bound, RuntimeError after stop()."""
-        if self._stopping.is_set():
+        domain, ZAP_ENFORCE_DOMAIN: no handler means no entry). Call before bind. Raises
+        ValueError for a socket already bound or connected, RuntimeError after stop()."""
+        if self._stopped:
             raise RuntimeError("CurveServer is stopped")
         require_fresh(sock, "secure()")
         sock.curve_server = True
@@ -234,16 +233,38 @@ class CurveServer:
         sock.curve_secretkey = self._secret_key
         sock.zap_domain = self.domain.encode()
         sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
-        # sock.monitor(), not get_monitor_socket(): pyzmq would hand this thread's socket to
-        # any later get_monitor_socket() caller. A later monitor replaces this one (one each).
-        address = f"inproc://pagewarden-curve-monitor-{id(self)}-{next(self._serial)}"
+        return sock
+
+    def watch(self, sock: zmq.Socket) -> zmq.Socket:
+        """Monitor the handshakes of `sock`: returns a PAIR socket for the poller of the thread
+        owning `sock`; call count_events() when it is readable and unwatch() before closing it.
+        Closing the PAIR while `sock` is still monitored blocks the context's I/O thread at the
+        next event (libzmq sends monitor events blocking), freezing every socket in it."""
+        address = f"inproc://pagewarden-curve-watch-{id(self)}-{next(self._serial)}"
         sock.monitor(address, _HANDSHAKE_EVENTS)
         monitor = self.context.socket(zmq.PAIR)
         monitor.linger = 0
         monitor.connect(address)
-        with self._lock:
-            self._monitors.append(monitor)  # the lock is the barrier that hands it to the watcher
-        return sock
+        return monitor
+
+    def count_events(self, monitor: zmq.Socket) -> int:
+        """Read every waiting event of a watch() socket without blocking and add it to the
+        counters; returns how many were read."""
+        read = 0
+        while monitor.poll(0):
+            event = recv_monitor_message(monitor)["event"]
+            read += 1
+            if event in _COUNTED:
+                with self._lock:
+                    self._counts[_COUNTED[event]] += 1
+        return read
+
+    def unwatch(self, sock: zmq.Socket, monitor: zmq.Socket) -> None:
+        """Stop monitoring `sock` (unless already closed), count what is left, close `monitor`."""
+        if not sock.closed:
+            sock.disable_monitor()
+        self.count_events(monitor)
+        monitor.close()
 
     def allowed_keys(self) -> frozenset[bytes]:
         """The z85 client public keys admitted now."""
@@ -256,46 +277,21 @@ class CurveServer:
         return len(self._allowed)
 
     def refusals(self) -> dict:
-        """Counters: total refused, unknown_key (ZAP said no), bad_handshake (wrong server key,
-        plaintext or garbage client), other (e.g. no ZAP handler), accepted, and recent_keys
-        (z85 of the last refused keys). A refused client that keeps reconnecting counts each try."""
+        """Counters: total refused; unknown_key (the allowlist said no); bad_handshake (wrong
+        server key, plaintext or garbage client) and other (e.g. no ZAP handler), both from
+        watched sockets only; accepted (watched sockets); recent_keys (z85 of the last refused
+        keys). A refused client that keeps reconnecting counts once per try."""
         with self._lock:
             counts = dict(self._counts, recent_keys=list(self._recent_keys))
         counts["total"] = counts["unknown_key"] + counts["bad_handshake"] + counts["other"]
         return counts
 
-    def _watch(self) -> None:
-        poller, watched = zmq.Poller(), []
-        while not self._stopping.is_set():
-            with self._lock:
-                fresh, watched = self._monitors[len(watched):], list(self._monitors)
-            for monitor in fresh:
-                poller.register(monitor, zmq.POLLIN)
-            for monitor, _ in poller.poll(self.WATCH_POLL_MS):
-                while monitor.poll(0):
-                    event = recv_monitor_message(monitor)["event"]
-                    if event in _COUNTED:
-                        with self._lock:
-                            self._counts[_COUNTED[event]] += 1
-                    elif event == zmq.EVENT_MONITOR_STOPPED:  # the secured socket was closed
-                        poller.unregister(monitor)
-                        monitor.close()
-                        break
-        for monitor in watched:
-            monitor.close()
-
     def stop(self) -> None:
-        """Stop the ZAP handler and the handshake watcher; secured sockets then refuse every new
-        connection (ZAP_ENFORCE_DOMAIN). Safe to call twice."""
-        if self._stopping.is_set():
-            return
-        self._stopping.set()
-        self._watcher.join()
-        with self._lock:
-            for monitor in self._monitors[:]:
-                if not monitor.closed:  # registered after the watcher's last look
-                    monitor.close()
-        self._auth.stop()
+        """Stop the ZAP handler; secured sockets then refuse every new connection
+        (ZAP_ENFORCE_DOMAIN). Safe to call twice."""
+        if not self._stopped:
+            self._stopped = True
+            self._auth.stop()
 
     def __enter__(self) -> CurveServer:
         return self

@@ -129,6 +129,7 @@ class ControlOps:
         self._reply(identity, msg, {
             "engine": {
                 "version": __version__, "control": sup.control_endpoint, "telemetry": sup.telemetry_endpoint,
+                "bus": sup.bus_endpoint,
                 "curve": sup.curve is not None, "uptime_s": time.time() - sup.started_at,
                 "model": str(sup.config.model.resolved_path()), "architecture": sup.model_config.architecture,
                 "vocab_size": sup.model_config.vocab_size,

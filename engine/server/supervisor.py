@@ -67,6 +67,8 @@ class Supervisor:
         self.control_endpoint = bind_endpoint(self.control, bind)
         self.telemetry_endpoint = bind_endpoint(self.pub, telemetry_bind or _next_port(self.control_endpoint))
         self.bus = harden(self.ctx.socket(zmq.ROUTER), "bus")
+        # A worker's identity is its name: a second peer claiming it must not take it over.
+        self.bus.setsockopt(zmq.ROUTER_HANDOVER, 0)
         self.bus_endpoint = f"ipc://{self.run_dir}/bus"
         self.bus.bind(self.bus_endpoint)
         self.poller = zmq.Poller()

@@ -11,7 +11,7 @@ import time
 
 import zmq
 
-from engine.protocol import pack, pack_header
+from engine.protocol import pack
 
 
 class TelemetryPublisher:
@@ -28,13 +28,13 @@ class TelemetryPublisher:
         self._send(topic, frames)
         return seq
 
-    def relay_pages(self, header: dict, array_frames: list) -> None:
-        """Forward a worker's `pages` message as topic pages/<pool>, frames untouched."""
+    def relay_pages(self, header: dict, arrays: dict) -> None:
+        """Forward a worker's `pages` message as topic pages/<pool>, keeping the worker's
+        per-pool sequence number; the arrays are views of the received frames (no copy)."""
         topic = f"pages/{header['pool']}"
         out = {k: v for k, v in header.items() if k not in ("op", "v")}
         out["topic"] = topic
-        frames = [pack_header(out), *array_frames]
-        self._send(topic, frames)
+        self._send(topic, pack(out, arrays))
 
     def _send(self, topic: str, frames: list) -> None:
         try:

@@ -156,7 +156,7 @@ class WorkerEvents:
 
     # ---- telemetry ------------------------------------------------------------------
     def on_pages(self, worker: WorkerHandle, msg: Message, frames: list) -> None:
-        self.sup.telemetry.relay_pages(msg.header, frames[1:])
+        self.sup.telemetry.relay_pages(msg.header, msg.arrays)
 
     def on_alert(self, worker: WorkerHandle, msg: Message) -> None:
         fields = {k: v for k, v in msg.header.items() if k not in ("op", "v", "kind", "severity", "detail")}

@@ -23,3 +23,13 @@ def start_server(tmp_path):
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory):
+    """One default server for a module's read-mostly tests."""
+    config = write_config(tmp_path_factory.mktemp("shared") / "config.toml")
+    server = ServerProcess(config)
+    server.wait_workers(server.client())
+    yield server
+    server.stop()

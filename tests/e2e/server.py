@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.client import EngineClient
+from engine.client import EngineClient, TelemetrySubscriber
 from engine.config import REPO_ROOT, EngineConfig
 
 READY_TIMEOUT_S = 180.0
@@ -34,17 +34,26 @@ def write_config(path: Path, **sections) -> Path:
 
 class ServerProcess:
     def __init__(self, config_path: Path, *extra: str):
-        self.proc = subprocess.Popen(
-            [sys.executable, "main.py", "serve", "--config", str(config_path), "--bind", "tcp://127.0.0.1:0",
-             "--json", *extra],
-            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
+        self.log_path = config_path.with_suffix(".log")
+        with open(self.log_path, "wb") as log:  # a file, so a chatty server never blocks on a pipe
+            self.proc = subprocess.Popen(
+                [sys.executable, "main.py", "serve", "--config", str(config_path), "--bind", "tcp://127.0.0.1:0",
+                 "--json", *extra],
+                cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
+            )
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"serve did not start: {self.proc.stderr.read()}")
+            self.proc.wait()
+            self.proc.stdout.close()
+            raise RuntimeError(f"serve did not start: {self.log_path.read_text()}")
         self.ready = json.loads(line)
         self.control, self.telemetry = self.ready["control"], self.ready["telemetry"]
         self._clients: list[EngineClient] = []
+
+    def subscriber(self, topics=("",), **kwargs) -> TelemetrySubscriber:
+        sub = TelemetrySubscriber(self.telemetry, topics, **kwargs)
+        self._clients.append(sub)
+        return sub
 
     def client(self, **kwargs) -> EngineClient:
         client = EngineClient(self.control, timeout_s=kwargs.pop("timeout_s", 120.0), **kwargs)
@@ -76,3 +85,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.proc.stdout.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")

@@ -47,8 +47,12 @@ def server(ctx, keys):  # noqa: F811
 
 @pytest.fixture
 def router(ctx, server):  # noqa: F811
+    """A secured, watched control ROUTER: (socket, endpoint, monitor)."""
     sock = server.secure(harden(ctx.socket(zmq.ROUTER), "control"))
-    return sock, bind_endpoint(sock, "tcp://127.0.0.1:0")
+    endpoint = bind_endpoint(sock, "tcp://127.0.0.1:0")
+    monitor = server.watch(sock)
+    yield sock, endpoint, monitor
+    server.unwatch(sock, monitor)
 
 
 def curve_client(ctx, endpoint, server_public, client_pair, kind=zmq.DEALER):  # noqa: F811
@@ -85,7 +89,7 @@ def test_generated_key_files_are_private(tmp_path):
     public = made["server"]["public_key"].encode()
     assert zmq.auth.load_certificate(made["server"]["key"]) == (public, None)  # the zmq.auth format
     assert zmq.auth.load_certificate(made["server"]["key_secret"])[0] == public
-    assert "secret" not in str({k: v for k, v in made["server"].items() if k != "key_secret"})
+    assert load_server_keys(directory)[1].decode() not in repr(made)  # secrets stay in the files
 
 
 def test_existing_keys_are_not_overwritten_unless_asked(tmp_path):
@@ -170,7 +174,7 @@ def test_a_malformed_allowlist_file_stops_the_server_with_its_name(ctx, keys):  
 
 @pytest.mark.parametrize("kind", [zmq.DEALER, zmq.REQ])
 def test_an_allowlisted_client_gets_replies(ctx, keys, server, router, kind):  # noqa: F811
-    sock, endpoint = router
+    sock, endpoint, monitor = router
     pair = allowed_pair(keys)
     client = curve_client(ctx, endpoint, server.public_key, pair, kind)
     client.send(b"hello")
@@ -181,13 +185,13 @@ def test_an_allowlisted_client_gets_replies(ctx, keys, server, router, kind):  #
     assert client.poll(REPLY_MS) and client.recv() == b"hello"
     assert echo(sock, client, b"again") == b"again"
     assert is_curve_secured(sock)
-    assert wait_for(lambda: server.refusals()["accepted"] >= 1)
+    assert wait_for(lambda: server.count_events(monitor) >= 0 and server.refusals()["accepted"] >= 1)
     assert server.refusals()["total"] == 0
 
 
 @pytest.mark.parametrize("intruder", ["unknown_key", "wrong_server_key", "plaintext"])
 def test_refused_clients_get_nothing_and_the_server_keeps_serving(ctx, keys, server, router, intruder):  # noqa: F811
-    sock, endpoint = router
+    sock, endpoint, monitor = router
     friend = curve_client(ctx, endpoint, server.public_key, allowed_pair(keys))
     assert echo(sock, friend, b"before", timeout_ms=5000) == b"before"
     stranger_pair = zmq.curve_keypair()
@@ -199,7 +203,8 @@ def test_refused_clients_get_nothing_and_the_server_keeps_serving(ctx, keys, ser
     late_friend = curve_client(ctx, endpoint, server.public_key, allowed_pair(keys, "client-2"))
     assert echo(sock, late_friend, b"late", timeout_ms=5000) == b"late"
     counter = "unknown_key" if intruder == "unknown_key" else "bad_handshake"
-    assert wait_for(lambda: server.refusals()[counter] >= 1), server.refusals()
+    assert wait_for(lambda: server.count_events(monitor) >= 0 and server.refusals()[counter] >= 1), \
+        server.refusals()
     counts = server.refusals()
     assert counts["total"] == counts[counter]
     if intruder == "unknown_key":
@@ -227,7 +232,7 @@ def test_a_secured_pub_reaches_only_allowlisted_subscribers(ctx, keys, server): 
 
 
 def test_reload_admits_added_keys_and_refuses_removed_ones(ctx, tmp_path, keys, server, router):  # noqa: F811
-    sock, endpoint = router
+    sock, endpoint, monitor = router
     newcomer = generate_keys(tmp_path / "elsewhere")["clients"]["client"]
     pair = load_client_keys(newcomer["key_secret"])
     shutil.copy(newcomer["key"], keys["directory"] / "clients" / "newcomer.key")
@@ -244,13 +249,21 @@ def test_reload_admits_added_keys_and_refuses_removed_ones(ctx, tmp_path, keys, 
 
 
 def test_a_stopped_server_refuses_everyone(ctx, keys, server, router):  # noqa: F811
-    sock, endpoint = router
+    sock, endpoint, monitor = router
     server.stop()  # no ZAP handler any more: ZAP_ENFORCE_DOMAIN fails closed
     time.sleep(0.3)  # let libzmq forget the ZAP endpoint (a request sent just before hangs)
     assert echo(sock, curve_client(ctx, endpoint, server.public_key, allowed_pair(keys)), b"hi") is None
     with pytest.raises(RuntimeError, match="stopped"):
         server.secure(ctx.socket(zmq.ROUTER))
     server.stop()  # twice is fine
+
+
+def test_unwatch_leaves_the_context_working(ctx, keys, server):  # noqa: F811
+    sock = server.secure(harden(ctx.socket(zmq.ROUTER), "control"))
+    endpoint = bind_endpoint(sock, "tcp://127.0.0.1:0")
+    server.unwatch(sock, server.watch(sock))
+    client = curve_client(ctx, endpoint, server.public_key, allowed_pair(keys))
+    assert echo(sock, client, b"events have nowhere to go", timeout_ms=5000) == b"events have nowhere to go"
 
 
 def test_one_zap_handler_per_context(ctx, keys, server):  # noqa: F811
