@@ -6,7 +6,7 @@ A sender process (spawned) holds a prefill pool; this process holds the decode p
 times each transfer from the command to the last byte in place, over tcp loopback:
   raw    the same page frames, PUSH zero-copy -> PULL, nothing checked, nothing copied;
   ours   build_transfer (all chunks checksummed, then sent) -> PUSH zero-copy -> PULL ->
-         TransferReceiver (every chunk verified, crc32 per page, copied into the pool);
+         TransferReceiver (every chunk verified, xxh3-64 per page, copied into the pool);
   lazy   the same messages from iter_transfer, each checksummed just before its send.
 Contenders are interleaved, best of --reps. Goal: ours >= 70% of raw. When missed, the
 chunk sizes of --chunks-mb are tried and the best is named.
@@ -157,7 +157,7 @@ class Bench:
 
 
 def single_core_rates(size: int = 64 << 20) -> tuple[float, float]:
-    """crc32 and memcpy GB/s on one core here: what ours adds to raw, per byte."""
+    """Page checksum (xxh3-64) and memcpy GB/s on one core here: what ours adds to raw, per byte."""
     src = torch.empty(size, dtype=torch.uint8).random_().numpy()
     dst = src.copy()
     crc = min(_timed(lambda: page_checksum(src)) for _ in range(3))
@@ -222,7 +222,7 @@ def main() -> None:
     finally:
         bench.close()
     crc, copy = single_core_rates()
-    print(f"\nOne core here: crc32 {crc:.1f} GB/s, memcpy {copy:.1f} GB/s. Beyond raw, ours checksums every "
+    print(f"\nOne core here: xxh3-64 {crc:.1f} GB/s, memcpy {copy:.1f} GB/s. Beyond raw, ours checksums every "
           f"byte twice (sender, receiver) and copies it once, and on a machine with {os.cpu_count()} cores that "
           f"work shares the cores that the socket copies keep busy.")
     print("GB/s = transfer bytes / seconds from the command to the sender until the last page is in place "

@@ -145,7 +145,9 @@ def _array(spec, frame) -> tuple[str, np.ndarray]:
     expected = math.prod(shape) * dtype.itemsize
     if len(buf) != expected:
         raise ProtocolError(f"array {name!r}: {len(buf):,} bytes for shape {shape} of {key} ({expected:,} expected)")
-    return name, np.frombuffer(buf, dtype=dtype).reshape(shape)
+    arr = np.frombuffer(buf, dtype=dtype).reshape(shape)
+    arr.flags.writeable = False  # a view of a received frame: copy before changing it
+    return name, arr
 
 
 # ---- field checks ---------------------------------------------------------------------

@@ -117,6 +117,14 @@ class PrefillWorker(WorkerLoop):
             request = job.request
             if batch and request.prompt_len > budget:
                 break
+            if pool.pages_for_tokens(request.prompt_len) > pool.num_pages:
+                # admitted under a larger pool (a reconfigure shrank it): it can never run here
+                self.jobs.popleft()
+                self.send({"op": "prefill_failed", "request_id": request.request_id, "error": {
+                    "code": "admission_rejected",
+                    "message": f"request {request.request_id}: prompt of {request.prompt_len:,} tokens exceeds "
+                               f"prefill pool {pool.name!r} of {pool.capacity_tokens:,} tokens"}})
+                continue
             try:
                 grant = pool.allocate(request.slot, pool.pages_for_tokens(request.prompt_len))
             except PoolExhausted:

@@ -105,13 +105,15 @@ def random_weights(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
     return weights
 
 
-def write_model(out: Path, seed: int) -> None:
+def write_model(out: Path, seed: int, config: dict | None = None) -> None:
+    """Write a random checkpoint; `config` overrides fields of CONFIG (benches use tiny ones)."""
+    config = {**CONFIG, **(config or {})}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(CONFIG, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 256, "eos_token_id": 257, "pad_token_id": 258}, indent=2) + "\n"
     )
-    save_file(random_weights(CONFIG, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(random_weights(config, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
     build_tokenizer().save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(
         json.dumps(
@@ -120,7 +122,7 @@ def write_model(out: Path, seed: int) -> None:
                 "bos_token": "<s>",
                 "eos_token": "</s>",
                 "pad_token": "<pad>",
-                "model_max_length": CONFIG["max_position_embeddings"],
+                "model_max_length": config["max_position_embeddings"],
             },
             indent=2,
         )

@@ -54,3 +54,12 @@ def test_the_checker_sees_a_planted_violation(tmp_path):
     planted = tmp_path / "bad.py"
     planted.write_text("import os\nfrom PySide6.QtCore import QObject\nfrom engine.runner import Engine\n")
     assert _imports(planted) == ["os", "PySide6.QtCore", "engine.runner"]
+
+
+def test_protocol_and_client_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; import engine.protocol, engine.client, engine.server.supervisor; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0

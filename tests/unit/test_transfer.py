@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import msgpack
+import xxhash
 import numpy as np
 import pytest
 import torch
@@ -152,11 +153,12 @@ def test_chunk_sizes_split_pages_and_all_land(chunk_bytes, chunks):
     _assert_landed(rig)
 
 
-def test_checksums_are_crc32_of_the_page_bytes():
+def test_checksums_are_xxh3_of_the_page_bytes():
     rig = _rig(tokens=8)
     header = unpack_header(_messages(rig)[0][0])
     rows = rig.prefill.data[_index(rig.src)].numpy()
     assert header["checksums"] == [page_checksum(rows[j].tobytes()) for j in range(2)]
+    assert header["checksums"][0] == xxhash.xxh3_64_intdigest(rows[0].tobytes())
     assert header["layout"] == KVLayout.of(rig.decode).to_wire() == {
         "dtype": "float32", "page_shape": [2, 2, 4, 2, 8], "bytes_per_page": PAGE_BYTES}
     msgpack.packb(header)
