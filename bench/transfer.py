@@ -7,7 +7,8 @@ times each transfer from the command to the last byte in place, over tcp loopbac
   raw    the same page frames, PUSH zero-copy -> PULL, nothing checked, nothing copied;
   ours   build_transfer (all chunks checksummed, then sent) -> PUSH zero-copy -> PULL ->
          TransferReceiver (every chunk verified, xxh3-64 per page, copied into the pool);
-  lazy   the same messages from iter_transfer, each checksummed just before its send.
+  lazy   the same messages from iter_transfer, each checksummed just before its send:
+         what the prefill worker does.
 Contenders are interleaved, best of --reps. Goal: ours >= 70% of raw. When missed, the
 chunk sizes of --chunks-mb are tried and the best is named.
 """
@@ -31,7 +32,8 @@ from engine.kv.page_pool import PageLayout, PagePool  # noqa: E402
 from engine.kv.page_tags import PageState  # noqa: E402
 from engine.protocol import MAX_KV_FRAME  # noqa: E402
 from engine.workers.transfer import (  # noqa: E402
-    Reservation, TransferReceiver, build_transfer, host_page_rows, iter_transfer, page_checksum, pages_per_chunk,
+    DEFAULT_CHUNK_BYTES, Reservation, TransferReceiver, build_transfer, host_page_rows, iter_transfer, page_checksum,
+    pages_per_chunk,
 )
 
 GOAL = 0.70
@@ -186,7 +188,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=float, default=256, help="transfer size per case")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--chunk-mb", type=float, default=8, help="chunk size of the main table")
+    parser.add_argument("--chunk-mb", type=float, default=DEFAULT_CHUNK_BYTES / (1 << 20),
+                        help="chunk size of the main table (default: what the prefill worker uses)")
     parser.add_argument("--chunks-mb", default="1,4,32", help="chunk sizes tried when the goal is missed")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one rep (smoke test)")
     args = parser.parse_args()
@@ -226,7 +229,7 @@ def main() -> None:
           f"byte twice (sender, receiver) and copies it once, and on a machine with {os.cpu_count()} cores that "
           f"work shares the cores that the socket copies keep busy.")
     print("GB/s = transfer bytes / seconds from the command to the sender until the last page is in place "
-          "(raw: received). ours = build_transfer, what the prefill worker sends; lazy = iter_transfer. "
+          "(raw: received). ours = build_transfer (all chunks checksummed up front); lazy = iter_transfer, what the prefill worker sends. "
           "CPU s/GB = CPU seconds of both processes (zmq I/O threads included) per GB moved.")
 
 
