@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.scrub_ref import validate_scrub_inputs
+
 _BLOCK = 1024
 _MAX_BLOCKS_PER_PAGE = 256
 # pinned: Triton 3.9 warns when it is left to the default (and the default is about to change)
@@ -29,10 +31,7 @@ def scrub_pages(data: torch.Tensor, pages: torch.Tensor, value: float) -> None:
     data is the page-major pool tensor [num_pages, ...]. Raises ValueError when data is
     not contiguous or pages is not one-dimensional.
     """
-    if not data.is_contiguous():
-        raise ValueError("scrub_pages needs the contiguous page-major pool tensor")
-    if pages.dim() != 1:
-        raise ValueError(f"pages must be one-dimensional, got shape {tuple(pages.shape)}")
+    validate_scrub_inputs(data, pages)
     if pages.numel() == 0:
         return
     page_numel = data[0].numel()

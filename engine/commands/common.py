@@ -58,3 +58,13 @@ def connect(args):
         server_key = load_public_key(args.server_key)
         client_keys = load_client_keys(args.client_key)
     return EngineClient(args.engine, server_key=server_key, client_keys=client_keys, timeout_s=args.timeout)
+
+
+def add_model_args(parser, *, dtype: bool = True) -> None:
+    """--config, --model, --device, --kernels (and --dtype) of a command that runs the engine."""
+    parser.add_argument("--config", help="engine TOML config (default: resources/configs/default.toml)")
+    parser.add_argument("--model", help="local HF checkpoint directory (default: the embedded model)")
+    if dtype:
+        parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--device", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--kernels", choices=["auto", "triton", "torch"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from engine.commands.common import EXIT_FINDING, EXIT_OK, fail, load_config
+from engine.commands.common import EXIT_FINDING, EXIT_OK, add_model_args, fail, load_config
 
 
 def register(sub) -> None:
@@ -16,12 +16,8 @@ def register(sub) -> None:
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text (encoded with the model's tokenizer.json)")
     source.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
-    gen.add_argument("--model", help="local HF checkpoint directory (default: the embedded model)")
-    gen.add_argument("--config", help="engine TOML config (default: resources/configs/default.toml)")
+    add_model_args(gen)
     add_sampling_args(gen)
-    gen.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
-    gen.add_argument("--device", help="auto | cpu | cuda | cuda:N")
-    gen.add_argument("--kernels", choices=["auto", "triton", "torch"])
     gen.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     gen.set_defaults(func=cmd_generate)
 

@@ -6,7 +6,7 @@ import json
 import signal
 import sys
 
-from engine.commands.common import EXIT_OK, fail, load_config
+from engine.commands.common import EXIT_OK, add_model_args, fail, load_config
 
 
 def register(sub) -> None:
@@ -15,14 +15,11 @@ def register(sub) -> None:
         description="Start the supervisor, which spawns the configured prefill and decode workers. "
         "Binds to loopback unless --curve is given.",
     )
-    serve.add_argument("--config", help="engine TOML config (default: resources/configs/default.toml)")
+    add_model_args(serve)
     serve.add_argument("--bind", default="tcp://127.0.0.1:5650", help="control endpoint (port 0: any free port)")
     serve.add_argument("--telemetry-bind", help="telemetry endpoint (default: control port + 1)")
     serve.add_argument("--curve", action="store_true", help="require CurveZMQ with a client-key allowlist")
     serve.add_argument("--keys", help="key directory for --curve (from `keys generate`)")
-    serve.add_argument("--model", help="local HF checkpoint directory")
-    serve.add_argument("--device", help="auto | cpu | cuda | cuda:N")
-    serve.add_argument("--kernels", choices=["auto", "triton", "torch"])
     serve.add_argument("--json", action="store_true", help="print a JSON line with the endpoints when ready")
     serve.set_defaults(func=cmd_serve)
 
