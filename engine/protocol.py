@@ -193,7 +193,7 @@ def field_of(msg: Message | dict, name: str, kind: str, *, default=_MISSING, low
 
 CLIENT_OPS = (
     "submit", "cancel", "status", "start", "stop", "restart", "reconfigure", "keyframe",
-    "page_metadata", "audit", "ping",
+    "page_metadata", "audit", "ping", "ack_alert",
 )
 # Ops a read-only client may send (the GUI's --readonly mode and telemetry viewers).
 READ_ONLY_OPS = ("status", "keyframe", "page_metadata", "audit", "ping")

@@ -162,6 +162,9 @@ class EngineClient:
     def audit(self, request_id: str) -> dict:
         return self.call("audit", request_id=request_id)
 
+    def ack_alert(self, ids: list[str]) -> dict:
+        return self.call("ack_alert", ids=list(ids))
+
     def cancel(self, request_id: str) -> dict:
         return self.call("cancel", request_id=request_id)
 

@@ -57,7 +57,7 @@ class ControlOps:
             sup.counters["rejected"] += 1
             sup.audit.record(request_id, "rejected", code=exc.code, message=str(exc))
             if exc.code == "admission_rejected":
-                sup.alert("admission_rejected", "info", str(exc), requests=[request_id])
+                sup.alert("admission_rejected", "info", str(exc), subject=exc.limit_name, requests=[request_id])
             sup.to_client(identity, pack({"op": "error", "id": msg.get("id"), "request_id": request_id,
                                           "error": exc.to_wire()}))
             return
@@ -140,7 +140,12 @@ class ControlOps:
             "counters": dict(sup.counters),
             "load": sup.load(),
             "telemetry_seq": dict(sup.telemetry.seq),
+            "alerts": sup.alerts.records(),
         })
+
+    def op_ack_alert(self, identity: bytes, msg: Message) -> None:
+        ids = [str(i) for i in field_of(msg, "ids", "list", max_len=1000)]
+        self._reply(identity, msg, {"acknowledged": self.sup.alerts.acknowledge(ids)})
 
     def op_audit(self, identity: bytes, msg: Message) -> None:
         rid = field_of(msg, "request_id", "str")
@@ -242,6 +247,5 @@ class ControlOps:
         sup.publish_capacity()
         sup.publish_workers()
         sup.audit.record("engine", "reconfigured", config=new.to_dict(), restart=sorted(restart))
-        if exceeding(sup.findings):
-            sup.alert("capacity_exceeds_window", "warning", "; ".join(f.message() for f in exceeding(sup.findings)))
+
 

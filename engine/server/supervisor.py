@@ -22,6 +22,7 @@ from engine.config import EngineConfig
 from engine.errors import ConfigError, PageWardenError, WorkerCrashed, WorkerStopped
 from engine.model.config import read_model_config
 from engine.protocol import ProtocolError, error_reply, pack, unpack
+from engine.server.alerts import AlertBook
 from engine.server.audit import AuditLog
 from engine.server.metrics import MetricsWindow
 from engine.server.request_record import Phase, RequestRecord
@@ -31,6 +32,7 @@ from engine.server.worker_handle import WorkerHandle, WorkerState
 
 DEFAULT_BIND = "tcp://127.0.0.1:5650"
 HEARTBEAT_TIMEOUT_S = 30.0  # only for hung workers: a dead one is seen at once by its exit
+UNRESPONSIVE_S = 10.0  # a pending alert before the heartbeat timeout kills it
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 5.0
 METRICS_PERIOD_S = 1.0
@@ -75,6 +77,7 @@ class Supervisor:
         for sock in (self.control, self.bus, self.pub):
             self.poller.register(sock, zmq.POLLIN)
         self.telemetry = TelemetryPublisher(self.pub)
+        self.alerts = AlertBook(lambda record: self.telemetry.publish("alerts", record))
         self.metrics = MetricsWindow()
         self.audit = AuditLog()
         self.counters: Counter[str] = Counter()
@@ -292,6 +295,12 @@ class Supervisor:
             code = worker.poll_exit()
             if code is not None and worker.state not in (WorkerState.STOPPED, WorkerState.CRASHED):
                 self._on_exit(worker, code)
+            elif worker.state == WorkerState.READY and now - worker.last_seen > UNRESPONSIVE_S \
+                    and now - worker.last_seen <= HEARTBEAT_TIMEOUT_S:
+                if self.alerts.alerts.get(f"worker_unresponsive:{worker.name}", {}).get("state") != "pending":
+                    self.alerts.pending("worker_unresponsive", "warning",
+                                        f"worker {worker.name} (pid {worker.pid}) silent for "
+                                        f"{now - worker.last_seen:.0f} s", subject=worker.name, worker=worker.name)
             elif worker.state == WorkerState.READY and now - worker.last_seen > HEARTBEAT_TIMEOUT_S:
                 worker.reason = f"no heartbeat for {now - worker.last_seen:.1f} s"
                 worker.dump_stack()
@@ -319,7 +328,9 @@ class Supervisor:
             worker.state = WorkerState.CRASHED
             why = f"worker {worker.name} (pid {worker.pid}) {worker.reason}"
             self.fail_worker_requests(worker, WorkerCrashed, why)
-            self.alert("worker_crashed", "critical", why, worker=worker.name, log_tail=worker.log_tail(40))
+            self.alert("worker_crashed", "critical", why, subject=worker.name, condition=True,
+                       worker=worker.name, log_tail=worker.log_tail(40))
+            self.alerts.resolve("worker_unresponsive", worker.name)
             self.audit_worker(worker, "crashed")
         self.publish_workers()
 
@@ -348,6 +359,7 @@ class Supervisor:
             self.broadcast({"op": "ping"})  # workers that hear nothing for long assume we died
         if now - self._last["capacity"] >= CAPACITY_PERIOD_S:
             self.publish_capacity()
+        self.alerts.expire()
 
     def load(self) -> dict:
         running = sum(1 for r in self.requests.values() if r.phase == Phase.DECODING)
@@ -364,17 +376,26 @@ class Supervisor:
         self.telemetry.publish("workers", {"workers": [w.describe() for w in self.workers.values()]})
 
     def publish_capacity(self) -> None:
+        """The standing I6 finding: on the capacity topic, and as a condition alert per pool."""
         self._last["capacity"] = time.monotonic()
+        for finding in self.findings:
+            if finding.exceeds:
+                if self.alerts.alerts.get(f"capacity_exceeds_window:{finding.limit}", {}).get("state") != "firing":
+                    self.alert("capacity_exceeds_window", "critical", finding.message(), subject=finding.limit,
+                               condition=True, window_tokens=finding.window_tokens,
+                               limit_tokens=finding.limit_tokens, shortfall_tokens=finding.shortfall_tokens)
+            else:
+                self.alerts.resolve("capacity_exceeds_window", finding.limit)
         self.telemetry.publish("capacity", {"findings": [f.to_dict() for f in self.findings],
                                             "exceeds": bool(exceeding(self.findings))})
 
     def publish_request(self, rec: RequestRecord) -> None:
         self.telemetry.publish("requests", rec.describe())
 
-    def alert(self, kind: str, severity: str, detail: str, **fields) -> None:
+    def alert(self, kind: str, severity: str, detail: str, *, subject: str = "", condition: bool = False,
+              **fields) -> None:
         self.counters[f"alert:{kind}"] += 1
-        self.telemetry.publish("alerts", {"kind": kind, "severity": severity, "state": "firing",
-                                          "detail": detail, **fields})
+        self.alerts.fire(kind, severity, detail, subject=subject, condition=condition, **fields)
 
     def audit_worker(self, worker: WorkerHandle, event: str) -> None:
         self.audit.record(f"worker:{worker.name}", event, pid=worker.pid, reason=worker.reason)

@@ -40,11 +40,13 @@ class WorkerEvents:
         worker.stats = {"free_pages": worker.info["pool"]["pages"], "used_pages": 0}
         worker.state, worker.last_seen = WorkerState.READY, time.monotonic()
         sup.audit_worker(worker, "ready")
+        sup.alerts.resolve("worker_crashed", worker.name)
         sup.to_worker(worker, {"op": "telemetry", "pages": sup.telemetry.wants_pages()})
         sup.publish_workers()
 
     def on_heartbeat(self, worker: WorkerHandle, msg: Message) -> None:
         worker.stats = {k: v for k, v in msg.header.items() if k not in ("op", "v")}
+        self.sup.alerts.resolve("worker_unresponsive", worker.name)
 
     def on_bad_command(self, worker: WorkerHandle, msg: Message) -> None:
         self.sup.counters["worker_bad_commands"] += 1
@@ -162,8 +164,9 @@ class WorkerEvents:
         fields = {k: v for k, v in msg.header.items() if k not in ("op", "v", "kind", "severity", "detail")}
         for rid in fields.get("requests", []) or []:
             self.sup.audit.record(rid, f"alert:{msg.get('kind')}", worker=worker.name, detail=msg.get("detail"))
+        fields.setdefault("pool", worker.info.get("pool", {}).get("name", worker.name))
         self.sup.alert(str(msg.get("kind")), str(msg.get("severity", "warning")), str(msg.get("detail", "")),
-                       **fields)
+                       subject=str(fields["pool"]), **fields)
 
     def on_page_metadata(self, worker: WorkerHandle, msg: Message) -> None:
         from engine.protocol import pack

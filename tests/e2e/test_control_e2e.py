@@ -13,6 +13,7 @@ def test_reconfigure_validates_reports_and_applies(start_server):
     client = server.client()
     before = client.status()["config"]
 
+    assert not [a for a in client.status()["alerts"] if a["kind"] == "capacity_exceeds_window"]
     dry = client.reconfigure({"engine": {"context_window": 8192}})
     assert dry["valid"] and not dry["applied"] and dry["exceeds"]
     prefill = next(f for f in dry["findings"] if f["limit"] == "pool:prefill")
@@ -27,6 +28,15 @@ def test_reconfigure_validates_reports_and_applies(start_server):
         client.reconfigure({"engine": {"window": 3}})
     with pytest.raises(RemoteError, match="strict capacity refuses"):
         client.reconfigure({"engine": {"strict_capacity": True, "context_window": 8192}}, apply=True)
+
+    # applied: the standing finding becomes a firing condition alert, then resolves when fixed
+    assert client.reconfigure({"engine": {"context_window": 8192}}, apply=True)["applied"]
+    alert = next(a for a in client.status()["alerts"] if a["id"] == "capacity_exceeds_window:pool:prefill")
+    assert alert["state"] == "firing" and alert["shortfall_tokens"] == 4096
+    assert client.ack_alert([alert["id"]])["acknowledged"] == [alert["id"]]
+    client.reconfigure({"engine": {"context_window": 2048}}, apply=True)
+    alert = next(a for a in client.status()["alerts"] if a["id"] == "capacity_exceeds_window:pool:prefill")
+    assert alert["state"] == "resolved" and alert["acked"] is True
 
     live = client.reconfigure({"engine": {"max_batch": 4, "scrub_policy": "poison"}}, apply=True)
     assert live["applied"] and live["restart"] == []

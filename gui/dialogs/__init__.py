@@ -1,0 +1,1 @@
+"""Dialogs: attach, reconfigure, about."""

@@ -1,0 +1,204 @@
+"""EngineState: everything the window shows, rebuilt from telemetry and status replies.
+
+Qt-free: `apply(message)` folds one decoded telemetry message in and says which parts
+changed; the window repaints those parts at most 10 times a second from the latest state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from engine.client import PageMirror
+from engine.protocol import Message
+
+MAX_REQUESTS = 5_000  # rows kept in the requests table (oldest finished ones go first)
+MAX_ALERTS = 2_000
+STALE_AFTER_S = 3.0  # no telemetry for this long: show everything as stale, not healthy
+METRIC_WINDOW_S = 600.0  # the plots show the last ten minutes
+METRIC_SERIES = ("tokens_per_s", "ttft_ms_p50", "tpot_ms_p50", "queue_depth", "running")
+
+
+@dataclass
+class WorkerRow:
+    name: str
+    role: str
+    state: str
+    pid: int | None
+    device: str | None
+    pool: str
+    pages: int | None
+    used_pages: int | None
+    inflight: int
+    reason: str = ""
+
+    @classmethod
+    def from_wire(cls, w: dict) -> "WorkerRow":
+        pool = w.get("pool") or {}
+        return cls(w["name"], w["role"], w["state"], w.get("pid"), w.get("device"), pool.get("name") or w["name"],
+                   pool.get("pages"), pool.get("used_pages"), int(w.get("inflight") or 0), w.get("reason") or "")
+
+
+@dataclass
+class RequestRow:
+    request_id: str
+    slot: int
+    tenant: str
+    prompt_len: int
+    phase: str
+    pages: dict[str, int] = field(default_factory=dict)
+    ttft_ms: float | None = None
+    tokens: int = 0
+    finish_reason: str | None = None
+    error: dict | None = None
+    updated: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.phase in ("finished", "failed", "rejected", "cancelled")
+
+
+@dataclass
+class AlertRow:
+    """One alert as the engine reports it (the GUI invents none)."""
+
+    id: str
+    kind: str
+    severity: str
+    state: str  # "pending" | "firing" | "resolved"
+    acked: bool
+    first_seen: float
+    last_seen: float
+    count: int
+    requests: list[str]
+    pages: list[int]
+    detail: str
+    pool: str | None = None
+
+
+class EngineState:
+    def __init__(self):
+        self.pages = PageMirror()
+        self.requests: OrderedDict[str, RequestRow] = OrderedDict()
+        self.request_of_slot: dict[int, str] = {}
+        self.alerts: OrderedDict[str, AlertRow] = OrderedDict()
+        self.new_alerts: list[AlertRow] = []  # newly firing since the window last looked
+        self.workers: list[WorkerRow] = []
+        self.capacity: list[dict] = []
+        self.metrics: dict[str, deque] = {name: deque() for name in METRIC_SERIES}
+        self.pool_usage: dict[str, deque] = {}
+        self.engine: dict = {}  # from status: endpoints, model, version
+        self.config: dict = {}
+        self.last_message_at: float | None = None
+        self.selected_request: str | None = None
+        self.messages = 0
+
+    # ---- folding messages in ----------------------------------------------------------
+    def apply(self, msg: Message, now: float | None = None) -> set[str]:
+        """Fold one telemetry message in; returns the parts that changed."""
+        now = time.monotonic() if now is None else now
+        self.last_message_at = now
+        self.messages += 1
+        topic = msg.topic or ""
+        if topic.startswith("pages/"):
+            return {"pages"} if self.pages.apply(msg) else set()
+        handler = getattr(self, f"_on_{topic}", None)
+        if handler is None:
+            return set()
+        handler(msg, now)
+        return {topic}
+
+    def apply_status(self, status: dict) -> set[str]:
+        """A status reply: workers, capacity findings, engine facts, config."""
+        self.engine = status.get("engine", {})
+        self.config = status.get("config", {})
+        self.workers = [WorkerRow.from_wire(w) for w in status.get("workers", [])]
+        self.capacity = list(status.get("capacity", []))
+        return {"workers", "capacity", "engine"}
+
+    def _on_workers(self, msg: Message, now: float) -> None:
+        self.workers = [WorkerRow.from_wire(w) for w in msg.get("workers", [])]
+
+    def _on_capacity(self, msg: Message, now: float) -> None:
+        self.capacity = list(msg.get("findings", []))
+
+    def _on_metrics(self, msg: Message, now: float) -> None:
+        for name in METRIC_SERIES:
+            value = msg.get(name)
+            if value is not None:
+                self.metrics[name].append((now, float(value)))
+        for pool, usage in (msg.get("pools") or {}).items():
+            series = self.pool_usage.setdefault(pool, deque())
+            pages = usage.get("pages") or 0
+            series.append((now, 100.0 * (usage.get("used_pages") or 0) / pages if pages else 0.0))
+        for series in (*self.metrics.values(), *self.pool_usage.values()):
+            while series and now - series[0][0] > METRIC_WINDOW_S:
+                series.popleft()
+
+    def _on_requests(self, msg: Message, now: float) -> None:
+        rid = msg.get("request_id")
+        if not isinstance(rid, str):
+            return
+        row = self.requests.get(rid)
+        ttft = msg.get("ttft_s")
+        fields = dict(
+            slot=int(msg.get("slot", -1)), tenant=str(msg.get("tenant", "")), prompt_len=int(msg.get("prompt_len", 0)),
+            phase=str(msg.get("phase", "")), pages=dict(msg.get("pages") or {}),
+            ttft_ms=None if ttft is None else 1e3 * float(ttft), tokens=int(msg.get("tokens") or 0),
+            finish_reason=msg.get("finish_reason"), error=msg.get("error"), updated=now,
+        )
+        if row is None:
+            row = self.requests[rid] = RequestRow(rid, **fields)
+        else:
+            for key, value in fields.items():
+                setattr(row, key, value)
+            self.requests.move_to_end(rid)
+        self.request_of_slot[row.slot] = rid
+        while len(self.requests) > MAX_REQUESTS:
+            old_id, old = next(iter(self.requests.items()))
+            if not old.done:
+                break  # never drop a live request's row
+            self.requests.popitem(last=False)
+            self.request_of_slot.pop(old.slot, None)
+
+    def _on_alerts(self, msg: Message, now: float) -> None:
+        aid = str(msg.get("id") or f"{msg.get('kind')}:{msg.get('seq')}")
+        previous = self.alerts.get(aid)
+        row = AlertRow(
+            aid, str(msg.get("kind", "")), str(msg.get("severity", "warning")), str(msg.get("state", "firing")),
+            bool(msg.get("acked", False)), float(msg.get("first_seen", msg.get("time", 0.0))),
+            float(msg.get("last_seen", msg.get("time", 0.0))), int(msg.get("count", 1)),
+            [str(r) for r in msg.get("requests") or []], [int(p) for p in msg.get("pages") or []],
+            str(msg.get("detail", "")), msg.get("pool"),
+        )
+        self.alerts[aid] = row
+        self.alerts.move_to_end(aid)
+        if row.state == "firing" and (previous is None or previous.state != "firing"):
+            self.new_alerts.append(row)
+        while len(self.alerts) > MAX_ALERTS:
+            self.alerts.popitem(last=False)
+
+    # ---- questions the window asks ----------------------------------------------------
+    def is_stale(self, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        return self.last_message_at is None or now - self.last_message_at > STALE_AFTER_S
+
+    def telemetry_age(self, now: float | None = None) -> float | None:
+        now = time.monotonic() if now is None else now
+        return None if self.last_message_at is None else now - self.last_message_at
+
+    def exceeding_findings(self) -> list[dict]:
+        return [f for f in self.capacity if f.get("exceeds")]
+
+    def request_for_slot(self, slot: int) -> RequestRow | None:
+        rid = self.request_of_slot.get(int(slot))
+        return self.requests.get(rid) if rid else None
+
+    def tenant_of_slot(self, slot: int) -> str | None:
+        row = self.request_for_slot(slot)
+        return row.tenant if row else None
+
+    def take_new_alerts(self) -> list[AlertRow]:
+        new, self.new_alerts = self.new_alerts, []
+        return new
