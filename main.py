@@ -9,7 +9,24 @@ import argparse
 import sys
 
 from engine.commands import keys, local, remote, serve
-from engine.commands.common import EXIT_OK
+
+
+def add_gui_args(parser) -> None:
+    parser.add_argument("--attach", metavar="ADDR", help="attach to a running engine instead of hosting one")
+    parser.add_argument("--server-key", help="the engine's public key file (CURVE)")
+    parser.add_argument("--client-keys", help="this client's key file or directory (CURVE)")
+    parser.add_argument("--readonly", action="store_true", help="show only: every control action disabled")
+    parser.add_argument("--config", help="config of the hosted engine (default: resources/configs/default.toml)")
+    parser.add_argument("--theme", choices=["system", "dark", "light"], default="system")
+    parser.add_argument("--demo-load", action="store_true", help="start the demo load at once")
+    parser.add_argument("--screenshot", metavar="FILE", help="with --quit-after: save the window as a PNG")
+    parser.add_argument("--quit-after", type=float, metavar="SECONDS", help="close the window after SECONDS")
+
+
+def cmd_gui(args) -> int:
+    from gui.app import run_gui
+
+    return run_gui(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="PageWarden: prove that an inference engine gives each request only its own data.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    gui = sub.add_parser("gui", help="the desktop app (the default): host an engine or attach to one",
+                         description="Open the PageWarden window. Without --attach it hosts a local engine.")
+    add_gui_args(gui)
+    gui.set_defaults(func=cmd_gui)
     local.register(sub)
     serve.register(sub)
     remote.register(sub)
@@ -25,13 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """No command means the desktop app, hosting a local engine."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        # Until the desktop app exists, no command means: show what there is.
-        parser.print_help()
-        return EXIT_OK
+        args = parser.parse_args(["gui"])
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     return args.func(args)
 
 

@@ -36,6 +36,7 @@ UNRESPONSIVE_S = 10.0  # a pending alert before the heartbeat timeout kills it
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 5.0
 METRICS_PERIOD_S = 1.0
+PROGRESS_PERIOD_S = 0.5
 WORKERS_PERIOD_S = 2.0
 CAPACITY_PERIOD_S = 10.0
 
@@ -85,6 +86,7 @@ class Supervisor:
         self.queue: deque[str] = deque()  # admitted, waiting for a decode worker
         self.awaiting_prefill: deque[str] = deque()  # reserved, waiting for a prefill worker
         self.reserving: set[str] = set()  # reserve sent, no answer yet
+        self.progressed: set[str] = set()  # requests with new tokens since the last update
         self.pending_metadata: dict[int, tuple[bytes, object]] = {}
         self.slots = itertools.count(1)
         self.ask_ids = itertools.count(1)
@@ -351,6 +353,13 @@ class Supervisor:
     # ---- telemetry --------------------------------------------------------------------
     def periodic(self) -> None:
         now = time.monotonic()
+        if self.progressed and now - self._last.get("progress", 0.0) >= PROGRESS_PERIOD_S:
+            self._last["progress"] = now
+            for rid in self.progressed:
+                rec = self.requests.get(rid)
+                if rec is not None and not rec.done:
+                    self.publish_request(rec)  # token counts and TTFT of running requests
+            self.progressed.clear()
         if now - self._last["metrics"] >= METRICS_PERIOD_S:
             self._last["metrics"] = now
             self.telemetry.publish("metrics", {**self.metrics.snapshot(now), **self.load()})

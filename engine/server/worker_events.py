@@ -126,7 +126,9 @@ class WorkerEvents:
             if rec.first_token_at is None:
                 rec.first_token_at = now
                 sup.metrics.add_ttft(rec.ttft_s, now)
+                sup.progressed.add(rid)
             rec.output_ids.extend(int(t) for t in tokens)
+            sup.progressed.add(rid)
             total += len(tokens)
             if rec.client is not None and rec.params.get("stream", True):
                 sup.to_client(rec.client, sup.ops.token_event(rec, tokens))

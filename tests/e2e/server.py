@@ -33,12 +33,11 @@ def write_config(path: Path, **sections) -> Path:
 
 
 class ServerProcess:
-    def __init__(self, config_path: Path, *extra: str):
+    def __init__(self, config_path: Path, *extra: str, bind: str = "tcp://127.0.0.1:0"):
         self.log_path = config_path.with_suffix(".log")
         with open(self.log_path, "wb") as log:  # a file, so a chatty server never blocks on a pipe
             self.proc = subprocess.Popen(
-                [sys.executable, "main.py", "serve", "--config", str(config_path), "--bind", "tcp://127.0.0.1:0",
-                 "--json", *extra],
+                [sys.executable, "main.py", "serve", "--config", str(config_path), "--bind", bind, "--json", *extra],
                 cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
             )
         line = self.proc.stdout.readline()
@@ -74,6 +73,11 @@ class ServerProcess:
                 raise TimeoutError(f"workers not {state} after {timeout_s} s: "
                                    f"{[(n, w['state'], w['reason']) for n, w in workers.items()]}")
             time.sleep(0.2)
+
+    def kill(self) -> None:
+        """SIGKILL the supervisor (its workers follow it: they die with their parent)."""
+        self.proc.kill()
+        self.proc.wait()
 
     def stop(self) -> None:
         for client in self._clients:

@@ -54,7 +54,9 @@ def test_capacity_default_passes_and_json_is_complete(capsys):
     assert report["exceeds"] and prefill["shortfall_tokens"] == 367_296 and prefill["coverage"] == pytest.approx(0.6497, abs=1e-4)
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"], ["capacity", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"], ["capacity", "--help"], ["gui", "--help"],
+                                  ["serve", "--help"], ["status", "--help"], ["workers", "--help"],
+                                  ["submit", "--help"], ["keys", "--help"], ["keys", "generate", "--help"]])
 def test_help_on_every_command(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         main.main(argv)
@@ -62,10 +64,10 @@ def test_help_on_every_command(argv, capsys):
     assert "usage: python main.py" in capsys.readouterr().out
 
 
-def test_no_command_prints_help(capsys):
-    assert main.main([]) == 0
-    out = capsys.readouterr().out
-    assert "generate" in out and "capacity" in out
+def test_no_command_means_the_desktop_app_hosting_an_engine():
+    args = main.parse([])
+    assert args.command == "gui" and args.func is main.cmd_gui
+    assert args.attach is None and not args.readonly  # hosts a local engine
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,249 @@
+"""ReconfigureDialog: edit the window, page size, batch, scrub policy, writer tags and pool sizes.
+
+Validate sends the changed keys; the engine answers with the capacity consequence and the
+workers that will restart (`show_result`). Apply is enabled only while the fields hold
+exactly the values that were validated; any edit disables it again.
+"""
+
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFormLayout,
+                               QHBoxLayout, QLabel, QPushButton, QSpinBox, QTextBrowser, QVBoxLayout, QWidget)
+
+from gui import theme
+from gui.model.engine_state import EngineState
+
+PAGE_SIZES = [1 << i for i in range(11)]  # 1 .. 1024, the engine's range
+SCRUB_CHOICES = (("zero", "zero — default"), ("poison", "poison — NaN / sentinel fill"),
+                 ("none", "none — measurement only: freed pages keep old data"))
+INT_MAX = (1 << 31) - 1
+# flat key -> config path
+KEYS = {
+    "context_window": ("engine", "context_window"), "page_size": ("engine", "page_size"),
+    "max_batch": ("engine", "max_batch"), "scrub_policy": ("engine", "scrub_policy"),
+    "check_writer_tags": ("engine", "check_writer_tags"),
+    "prefill_pages": ("pools", "prefill", "pages"), "decode_pages": ("pools", "decode", "pages"),
+}
+
+
+def config_value(config: dict, path: tuple):
+    for key in path:
+        if not isinstance(config, dict) or key not in config:
+            return None
+        config = config[key]
+    return config
+
+
+def changes_between(original: dict, values: dict) -> dict:
+    """Only the keys whose value differs from `original`, nested like the config."""
+    changes: dict = {}
+    for key, value in values.items():
+        path = KEYS[key]
+        if config_value(original, path) == value:
+            continue
+        node = changes
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return changes
+
+
+def apply_enabled(validated: dict | None, values: dict, changes: dict, readonly: bool, refused: bool) -> bool:
+    """Apply needs a successful validation of exactly these values, a change, and no refusal."""
+    return not readonly and not refused and bool(changes) and validated == values
+
+
+def _spin(low: int, high: int) -> QSpinBox:
+    box = QSpinBox()
+    box.setRange(low, high)
+    box.setGroupSeparatorShown(True)
+    box.setAlignment(Qt.AlignRight)
+    return box
+
+
+def _with_hint(field: QSpinBox, hint: QLabel) -> QWidget:
+    """A pool's page count with the tokens it holds beside it (a local preview, not the verdict)."""
+    row = QWidget()
+    layout = QHBoxLayout(row)
+    layout.setContentsMargins(0, 0, 0, 0)
+    layout.addWidget(field, 1)
+    hint.setMinimumWidth(hint.fontMetrics().horizontalAdvance("= 2,147,483,647 tokens, 2,147,483,647 short"))
+    layout.addWidget(hint)
+    return row
+
+
+class ReconfigureDialog(QDialog):
+    validate_requested = Signal(dict)  # changes
+    apply_requested = Signal(dict)  # changes
+
+    def __init__(self, state: EngineState, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("Reconfigure engine")
+        self.state = state
+        self.original: dict = dict(state.config)
+        self._readonly = False
+        self._pending: dict | None = None  # values sent with the last Validate
+        self._validated: dict | None = None  # values the engine accepted
+        self._refused = False  # strict capacity would refuse the validated values
+
+        self.context_window = _spin(1, INT_MAX)
+        self.page_size = QComboBox()
+        for size in PAGE_SIZES:
+            self.page_size.addItem(f"{size} tokens", size)
+        self.max_batch = _spin(1, 4096)
+        self.scrub_policy = QComboBox()
+        for value, label in SCRUB_CHOICES:
+            self.scrub_policy.addItem(label, value)
+        self.prefill_pages = _spin(1, INT_MAX)
+        self.decode_pages = _spin(1, INT_MAX)
+        self.check_writer_tags = QCheckBox("Check writer tags (I1 defence)")
+        self.writer_tags_note = QLabel("Dangerous to turn off: attention could read\npages that another request wrote.")
+        self.pool_hints = {pool: QLabel() for pool in ("prefill", "decode")}
+        self._load(self.original)
+
+        form = QFormLayout()
+        form.addRow("Context window (tokens)", self.context_window)
+        form.addRow("Page size", self.page_size)
+        form.addRow("Max batch", self.max_batch)
+        form.addRow("Scrub policy (I5)", self.scrub_policy)
+        form.addRow("Prefill pool (pages)", _with_hint(self.prefill_pages, self.pool_hints["prefill"]))
+        form.addRow("Decode pool (pages)", _with_hint(self.decode_pages, self.pool_hints["decode"]))
+        form.addRow("", self.check_writer_tags)
+        form.addRow("", self.writer_tags_note)
+
+        # a text browser scrolls long verdicts instead of squeezing the form above it
+        self.result_view = QTextBrowser()
+        self.result_view.setOpenLinks(False)
+        self.result_view.setMinimumHeight(7 * self.fontMetrics().height())
+        self.result_view.setText("Validate to see the capacity consequence before applying.")
+
+        self.validate_button = QPushButton("Validate")
+        self.apply_button = QPushButton("Apply")
+        self.apply_button.setAutoDefault(False)
+        self.validate_button.setDefault(True)
+        buttons = QDialogButtonBox(QDialogButtonBox.Close)
+        buttons.addButton(self.validate_button, QDialogButtonBox.ActionRole)
+        buttons.addButton(self.apply_button, QDialogButtonBox.ApplyRole)
+        buttons.rejected.connect(self.reject)
+        self.validate_button.clicked.connect(self.validate)
+        self.apply_button.clicked.connect(self.apply)
+
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(QLabel("<b>Consequence</b>"))
+        layout.addWidget(self.result_view, 1)
+        layout.addWidget(buttons)
+        for box in (self.context_window, self.max_batch, self.prefill_pages, self.decode_pages):
+            box.valueChanged.connect(self._edited)
+        for combo in (self.page_size, self.scrub_policy):
+            combo.currentIndexChanged.connect(self._edited)
+        self.check_writer_tags.toggled.connect(self._edited)
+        self.resize(max(640, self.sizeHint().width()), self.sizeHint().height())
+        self._edited()
+
+    # ---- fields --------------------------------------------------------------------------
+    def _load(self, config: dict) -> None:
+        """Fill the fields from a config dict; missing keys take engine/config.py's defaults."""
+        def get(key, default):
+            value = config_value(config, KEYS[key])
+            return default if value is None else value
+
+        self.context_window.setValue(int(get("context_window", 2048)))
+        self.page_size.setCurrentIndex(max(0, self.page_size.findData(int(get("page_size", 16)))))
+        self.max_batch.setValue(int(get("max_batch", 16)))
+        self.scrub_policy.setCurrentIndex(max(0, self.scrub_policy.findData(get("scrub_policy", "zero"))))
+        self.prefill_pages.setValue(int(get("prefill_pages", 4096)))
+        self.decode_pages.setValue(int(get("decode_pages", 4096)))
+        self.check_writer_tags.setChecked(bool(get("check_writer_tags", True)))
+
+    def values(self) -> dict:
+        """The fields as flat keys (see KEYS)."""
+        return {
+            "context_window": self.context_window.value(), "page_size": self.page_size.currentData(),
+            "max_batch": self.max_batch.value(), "scrub_policy": self.scrub_policy.currentData(),
+            "check_writer_tags": self.check_writer_tags.isChecked(),
+            "prefill_pages": self.prefill_pages.value(), "decode_pages": self.decode_pages.value(),
+        }
+
+    def changes(self) -> dict:
+        """What differs from the engine's config, e.g. {"engine": {...}, "pools": {"decode": {"pages": N}}}."""
+        return changes_between(self.original, self.values())
+
+    def set_readonly(self, readonly: bool) -> None:
+        self._readonly = bool(readonly)
+        for field in (self.context_window, self.page_size, self.max_batch, self.scrub_policy,
+                      self.prefill_pages, self.decode_pages, self.check_writer_tags):
+            field.setEnabled(not readonly)
+        self._update_buttons()
+
+    # ---- validate / apply ------------------------------------------------------------------
+    def validate(self) -> None:
+        if self._readonly:
+            return
+        self._pending = self.values()
+        self._validated = None
+        self.result_view.setText("Validating…")
+        self._update_buttons()
+        self.validate_requested.emit(self.changes())
+
+    def apply(self) -> None:
+        if self.apply_button.isEnabled():
+            self.apply_button.setEnabled(False)  # one apply per validation
+            self.result_view.append("Applying…")
+            self.apply_requested.emit(self.changes())
+
+    def show_result(self, result: dict) -> None:
+        """The engine's reply to reconfigure: findings, exceeds, restart, config, applied."""
+        findings = result.get("findings") or []
+        refused = bool(result.get("exceeds")) and bool(config_value(result.get("config") or {},
+                                                                    ("engine", "strict_capacity")))
+        lines = []
+        for f in findings:
+            text = html.escape(str(f.get("message", "")))
+            tone = theme.color("danger" if f.get("exceeds") else "ok").name()
+            lines.append(f"<li style='color:{tone}'>{'✗' if f.get('exceeds') else '✓'} {text}</li>")
+        restart = [str(w) for w in result.get("restart") or []]
+        who = (f"Workers that drain their requests and restart: <b>{html.escape(', '.join(restart))}</b>"
+               if restart else "No worker restarts; the change applies live.")
+        parts = [f"<ul style='margin:0; -qt-list-indent:0'>{''.join(lines)}</ul>", f"<p>{who}</p>"]
+        if refused:
+            parts.append(f"<p style='color:{theme.color('danger').name()}'>Strict capacity refuses "
+                         "this configuration.</p>")
+        if result.get("applied"):
+            self.original = dict(result.get("config") or self.original)
+            self._load(self.original)
+            parts.append("<p><b>Applied.</b></p>")
+            self._validated = None
+        elif result.get("valid"):
+            self._validated = self._pending
+        self._refused = refused
+        self.result_view.setText("".join(parts))
+        self._update_buttons()
+
+    def show_error(self, message: str) -> None:
+        """The engine refused the change (or did not answer); nothing can be applied."""
+        self._validated = None
+        self.result_view.setText(f"<p style='color:{theme.color('danger').name()}'>{html.escape(message)}</p>")
+        self._update_buttons()
+
+    def _edited(self, *_) -> None:
+        values = self.values()
+        tags_off = not values["check_writer_tags"]
+        self.writer_tags_note.setStyleSheet(f"color: {theme.color('danger' if tags_off else 'muted').name()};"
+                                            + (" font-weight: bold;" if tags_off else ""))
+        window, size = values["context_window"], values["page_size"]
+        for pool, hint in self.pool_hints.items():
+            tokens = values[f"{pool}_pages"] * size
+            fits = tokens >= window
+            hint.setText(f"= {tokens:,} tokens" + ("" if fits else f", {window - tokens:,} short"))
+            hint.setStyleSheet(f"color: {theme.color('muted' if fits else 'danger').name()};")
+        self._update_buttons()
+
+    def _update_buttons(self) -> None:
+        values = self.values()
+        self.validate_button.setEnabled(not self._readonly)
+        self.apply_button.setEnabled(apply_enabled(self._validated, values, changes_between(self.original, values),
+                                                   self._readonly, self._refused))

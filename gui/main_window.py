@@ -1,0 +1,379 @@
+"""MainWindow: composes the views over one EngineState and routes commands to the engine.
+
+Data flows one way: transport -> EngineState -> widgets (repainted by a 10 Hz timer from
+the latest state, never once per message). Commands flow the other way: widget signal ->
+transport.request -> the engine; answers come back as transport.reply.
+"""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication, QDockWidget, QMainWindow, QMessageBox, QTabWidget, QToolBar, QVBoxLayout, QWidget,
+)
+
+from engine.client import __version__
+from gui.demo_load import DemoLoad
+from gui.dialogs.about_dialog import AboutDialog
+from gui.dialogs.attach_dialog import AttachDialog
+from gui.dialogs.reconfigure_dialog import ReconfigureDialog
+from gui.model.engine_state import EngineState
+from gui.theme import apply_theme
+from gui.widgets.alerts_table import AlertsTable
+from gui.widgets.capacity_banner import CapacityBanner
+from gui.widgets.metrics_plots import MetricsPlots
+from gui.widgets.page_map import PageMapWidget
+from gui.widgets.requests_table import RequestsTable
+from gui.widgets.status_line import StatusLine
+from gui.widgets.toast import Toast
+from gui.widgets.workers_panel import WorkersPanel
+
+REFRESH_MS = 100  # 10 Hz at most
+KEYFRAME_RETRY_S = 1.0
+RECENT_KEY = "recent_engines"
+SHORTCUTS = {
+    "Attach to an engine": "Ctrl+O", "Export incident snapshot": "Ctrl+E", "Demo load on/off": "Ctrl+D",
+    "Reconfigure": "Ctrl+R", "Refresh page maps (keyframe)": "F5", "Colour by request / tenant / state": "1 / 2 / 3",
+    "Start / stop / restart the selected worker": "Ctrl+Shift+S / Ctrl+Shift+X / Ctrl+Shift+R",
+    "Acknowledge selected alerts": "Ctrl+K", "Quit": "Ctrl+Q",
+}
+
+
+class MainWindow(QMainWindow):
+    attach_requested = Signal(dict)  # from File -> Attach...: endpoint, key files, readonly
+
+    def __init__(self, *, readonly: bool = False, theme: str = "system"):
+        super().__init__()
+        self.state = EngineState()
+        self.readonly = readonly
+        self.transport = None
+        self.endpoint = ""
+        self.hosted = False
+        self.connection = "disconnected"
+        self.demo: DemoLoad | None = None
+        self._changed: set[str] = set()
+        self._pending_reconfigure: dict[int, bool] = {}
+        self._last_keyframe_ask = 0.0
+        self._was_stale = None
+        self.setWindowTitle("PageWarden")
+        self.resize(1400, 900)
+        self._timer = QTimer(self)
+        self._timer.timeout.connect(self.refresh)
+        self._demo_timer = QTimer(self)
+        self._demo_timer.timeout.connect(self._feed_demo)
+        self._build_views()
+        self._build_actions()
+        self.set_theme(theme)
+        self.set_readonly(readonly)
+        self._timer.start(REFRESH_MS)
+
+    # ---- layout -------------------------------------------------------------------------
+    def _build_views(self) -> None:
+        state = self.state
+        self.banner = CapacityBanner(state)
+        self.page_map = PageMapWidget(state)
+        central = QWidget()
+        layout = QVBoxLayout(central)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.banner)
+        layout.addWidget(self.page_map, 1)
+        self.setCentralWidget(central)
+        self.requests_table = RequestsTable(state)
+        self.alerts_table = AlertsTable(state)
+        self.workers_panel = WorkersPanel(state)
+        self.metrics = MetricsPlots(state)
+        bottom = QTabWidget()
+        bottom.addTab(self.requests_table, "Requests")
+        bottom.addTab(self.alerts_table, "Alerts")
+        self.bottom_tabs = bottom
+        self._dock("Requests and alerts", bottom, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self._dock("Workers", self.workers_panel, Qt.DockWidgetArea.RightDockWidgetArea)
+        self._dock("Metrics", self.metrics, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.status_line = StatusLine(state)
+        self.statusBar().addPermanentWidget(self.status_line, 1)
+        self.toast = Toast(self)
+        # selection follows across views
+        self.page_map.request_selected.connect(self.requests_table.select_request)
+        self.requests_table.request_selected.connect(self.page_map.select_request)
+        self.workers_panel.command_requested.connect(self.worker_command)
+        self.workers_panel.reconfigure_requested.connect(self.open_reconfigure)
+        self.banner.reconfigure_requested.connect(self.open_reconfigure)
+        self.alerts_table.acknowledge_requested.connect(self.acknowledge_alerts)
+
+    def _dock(self, title: str, widget: QWidget, area) -> QDockWidget:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(title)
+        dock.setWidget(widget)
+        dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable | QDockWidget.DockWidgetFeature.DockWidgetFloatable)
+        self.addDockWidget(area, dock)
+        return dock
+
+    def _action(self, menu, text: str, slot, shortcut: str | None = None, *, control: bool = False,
+                checkable: bool = False) -> QAction:
+        action = QAction(text, self)
+        if shortcut:
+            action.setShortcut(QKeySequence(shortcut))
+        action.setCheckable(checkable)
+        action.triggered.connect(slot)
+        action.setProperty("control", control)  # control actions are off in readonly mode
+        menu.addAction(action)
+        self.addAction(action)  # shortcuts work wherever the focus is
+        return action
+
+    def _build_actions(self) -> None:
+        bar = self.menuBar()
+        file = bar.addMenu("&File")
+        self.attach_action = self._action(file, "&Attach to engine…", self.open_attach, "Ctrl+O")
+        self.recent_menu = file.addMenu("Recent engines")
+        self.export_action = self._action(file, "&Export Incident Snapshot…", self.export_snapshot, "Ctrl+E")
+        self.export_action.setEnabled(False)
+        self.export_action.setToolTip("Incident snapshots arrive with a later release")
+        file.addSeparator()
+        self._action(file, "&Quit", self.close, "Ctrl+Q")
+        engine = bar.addMenu("&Engine")
+        self.demo_action = self._action(engine, "&Demo load", self.toggle_demo, "Ctrl+D", control=True,
+                                        checkable=True)
+        self.reconfigure_action = self._action(engine, "&Reconfigure…", self.open_reconfigure, "Ctrl+R", control=True)
+        self._action(engine, "Refresh page maps (keyframe)", self.ask_keyframe, "F5")
+        engine.addSeparator()
+        self.worker_actions = {
+            op: self._action(engine, f"{op.capitalize()} selected worker", lambda _=False, op=op: self._selected_worker(op),
+                             key, control=True)
+            for op, key in (("start", "Ctrl+Shift+S"), ("stop", "Ctrl+Shift+X"), ("restart", "Ctrl+Shift+R"))
+        }
+        self.ack_action = self._action(engine, "Acknowledge selected alerts", self.alerts_table.acknowledge_selected,
+                                       "Ctrl+K", control=True)
+        view = bar.addMenu("&View")
+        modes = QActionGroup(self)
+        for i, (mode, text) in enumerate((("request", "Colour by &request"), ("tenant", "Colour by &tenant"),
+                                          ("state", "Colour by &state")), start=1):
+            action = self._action(view, text, lambda _=False, m=mode: self.page_map.set_color_mode(m), str(i),
+                                  checkable=True)
+            action.setChecked(mode == "request")
+            modes.addAction(action)
+        view.addSeparator()
+        themes = QActionGroup(self)
+        for mode in ("system", "dark", "light"):
+            action = self._action(view, f"{mode.capitalize()} theme", lambda _=False, m=mode: self.set_theme(m),
+                                  checkable=True)
+            themes.addAction(action)
+            action.setChecked(mode == "system")
+        help_menu = bar.addMenu("&Help")
+        self._action(help_menu, "&About PageWarden", self.show_about, "F1")
+        toolbar = QToolBar("Main")
+        toolbar.setObjectName("main-toolbar")
+        for action in (self.attach_action, self.demo_action, self.reconfigure_action):
+            toolbar.addAction(action)
+        self.addToolBar(toolbar)
+        self._fill_recent()
+
+    # ---- connecting -------------------------------------------------------------------
+    def attach(self, transport, endpoint: str, *, hosted: bool = False) -> None:
+        """Start showing the engine behind `transport` (a TransportThread, not yet started)."""
+        if self.transport is not None:
+            self.transport.stop()
+        self.state = self.state if self.transport is None else self._fresh_state()
+        self.transport, self.endpoint, self.hosted = transport, endpoint, hosted
+        transport.telemetry.connect(self.on_telemetry)
+        transport.status.connect(self.on_status)
+        transport.reply.connect(self.on_reply)
+        transport.stream_event.connect(self.on_stream_event)
+        transport.connection.connect(self.on_connection)
+        transport.start()
+        self.status_line.set_endpoint(endpoint, hosted=hosted)
+        if not hosted:
+            self._remember(endpoint)
+
+    def _fresh_state(self) -> EngineState:
+        # a new engine: new state object for every view
+        state = EngineState()
+        for view in (self.banner, self.page_map, self.requests_table, self.alerts_table, self.workers_panel,
+                     self.metrics, self.status_line):
+            view.state = state
+        return state
+
+    def on_telemetry(self, messages: list) -> None:
+        for msg in messages:
+            self._changed |= self.state.apply(msg)
+
+    def on_status(self, status: dict) -> None:
+        self._changed |= self.state.apply_status(status)
+        if not self.state.alerts and status.get("alerts"):
+            from engine.protocol import Message
+
+            for record in status["alerts"]:
+                self._changed |= self.state.apply(Message({"topic": "alerts", **record}))
+
+    def on_connection(self, state: str) -> None:
+        self.connection = state
+        self.status_line.set_connection(state)
+        self.workers_panel.set_connected(state == "connected")
+        self._changed.add("connection")
+        if state == "connected":
+            self.ask_keyframe()
+
+    def on_reply(self, ticket: int, op: str, result) -> None:
+        error = result.get("error") if isinstance(result, dict) else None
+        if op == "submit" and self.demo is not None:
+            self.demo.started(result["stream"])
+            return
+        if op == "reconfigure" and ticket in self._pending_reconfigure:
+            apply = self._pending_reconfigure.pop(ticket)
+            dialog = getattr(self, "reconfigure_dialog", None)
+            if dialog is not None:
+                dialog.show_error(error["message"]) if error else dialog.show_result(result)
+                if apply and not error:
+                    dialog.accept()
+            return
+        if error:
+            self.statusBar().showMessage(f"{op} failed: {error.get('message')}", 10_000)
+        elif op in ("start", "stop", "restart"):
+            self.statusBar().showMessage(f"{op} {result.get('name')}: {result.get('state')}", 5_000)
+
+    def on_stream_event(self, msg) -> None:
+        if self.demo is not None and msg.op in ("done", "error"):
+            self.demo.ended(msg.get("id"))
+
+    # ---- the 10 Hz repaint ------------------------------------------------------------
+    def refresh(self) -> None:
+        changed, self._changed = self._changed, set()
+        stale = self.state.is_stale()
+        if stale != self._was_stale:
+            self._was_stale = stale
+            changed |= {"pages", "metrics", "workers"}
+            self.page_map.set_stale(stale)
+            self.metrics.set_stale(stale)
+        if "pages" in changed or "requests" in changed:
+            self.page_map.refresh()
+        if "requests" in changed:
+            self.requests_table.refresh()
+        if "alerts" in changed:
+            self.alerts_table.refresh()
+            for alert in self.state.take_new_alerts():
+                self.toast.show_alert(alert)
+        if changed & {"workers", "connection"}:
+            self.workers_panel.refresh()
+        if changed & {"capacity", "engine"}:
+            self.banner.refresh()
+        if "metrics" in changed:
+            self.metrics.refresh()
+        self.status_line.refresh()
+        self._update_enablement()
+        if self.state.pages.stale_pools() and time.monotonic() - self._last_keyframe_ask > KEYFRAME_RETRY_S:
+            self.ask_keyframe()  # a sequence gap: resynchronise
+
+    def _update_enablement(self) -> None:
+        connected = self.connection == "connected" and self.transport is not None
+        for action in self.actions():
+            if action.property("control"):
+                action.setEnabled(connected and not self.readonly)
+
+    # ---- commands -----------------------------------------------------------------------
+    def request(self, op: str, **fields) -> int | None:
+        """Send a command through the transport; refused (None) in readonly mode or offline."""
+        if self.transport is None:
+            return None
+        if self.readonly and op not in ("status", "keyframe", "page_metadata", "audit", "ping"):
+            return None
+        return self.transport.request(op, **fields)
+
+    def ask_keyframe(self) -> None:
+        self._last_keyframe_ask = time.monotonic()
+        self.request("keyframe")
+
+    def worker_command(self, op: str, worker: str) -> None:
+        self.request(op, worker=worker)
+
+    def _selected_worker(self, op: str) -> None:
+        worker = self.workers_panel.selected_worker()
+        if worker:
+            self.workers_panel.ask(op, worker)
+
+    def acknowledge_alerts(self, ids: list) -> None:
+        self.request("ack_alert", ids=list(ids))
+
+    def open_reconfigure(self) -> None:
+        if self.readonly or self.transport is None:
+            return
+        dialog = ReconfigureDialog(self.state, self)
+        dialog.validate_requested.connect(lambda changes: self._reconfigure(changes, False))
+        dialog.apply_requested.connect(lambda changes: self._reconfigure(changes, True))
+        self.reconfigure_dialog = dialog
+        dialog.open()
+
+    def _reconfigure(self, changes: dict, apply: bool) -> None:
+        ticket = self.request("reconfigure", changes=changes, apply=apply)
+        if ticket is not None:
+            self._pending_reconfigure[ticket] = apply
+
+    def toggle_demo(self, on: bool) -> None:
+        if on and not self.readonly:
+            window = int(self.state.config.get("engine", {}).get("context_window", 2048))
+            self.demo = DemoLoad(context_window=window)
+            self._demo_timer.start(200)
+        else:
+            self._demo_timer.stop()
+            self.demo = None
+        self.demo_action.setChecked(self.demo is not None)
+
+    def _feed_demo(self) -> None:
+        demo = self.demo
+        if demo is None or self.connection != "connected":
+            return
+        for _ in range(4):
+            if not demo.want_more() or len(demo.inflight) + demo.sent - demo.finished > demo.max_inflight * 2:
+                break
+            self.request("submit", **demo.next_request())
+
+    def export_snapshot(self) -> None:
+        QMessageBox.information(self, "Incident snapshot", "Incident snapshots arrive with a later release.")
+
+    # ---- attach dialog, recent engines, theme, readonly, about --------------------------
+    def open_attach(self) -> None:
+        dialog = AttachDialog(self._recent(), self)
+        if dialog.exec():
+            self.attach_requested.emit(dialog.result_values())
+
+    def _recent(self) -> list[str]:
+        value = QSettings().value(RECENT_KEY, [])
+        return [value] if isinstance(value, str) else list(value or [])
+
+    def _remember(self, endpoint: str) -> None:
+        recent = [endpoint, *[e for e in self._recent() if e != endpoint]][:10]
+        QSettings().setValue(RECENT_KEY, recent)
+        self._fill_recent()
+
+    def _fill_recent(self) -> None:
+        self.recent_menu.clear()
+        for endpoint in self._recent():
+            action = self.recent_menu.addAction(endpoint)
+            action.triggered.connect(lambda _=False, e=endpoint: self.attach_requested.emit({"endpoint": e}))
+        self.recent_menu.setEnabled(bool(self._recent()))
+
+    def set_theme(self, mode: str) -> None:
+        self.theme = apply_theme(QApplication.instance(), mode)
+        self.page_map.set_theme(self.theme)
+        self.metrics.set_theme(self.theme)
+
+    def set_readonly(self, readonly: bool) -> None:
+        self.readonly = readonly
+        for view in (self.workers_panel, self.alerts_table, self.banner):
+            view.set_readonly(readonly)
+        if readonly:
+            self.toggle_demo(False)
+        self._update_enablement()
+        self.setWindowTitle("PageWarden — read-only" if readonly else "PageWarden")
+
+    def show_about(self) -> None:
+        AboutDialog(__version__, SHORTCUTS, self).exec()
+
+    def closeEvent(self, event) -> None:
+        self._timer.stop()
+        self._demo_timer.stop()
+        if self.transport is not None:
+            self.transport.stop()
+        super().closeEvent(event)
+

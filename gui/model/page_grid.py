@@ -1,0 +1,162 @@
+"""PageGrid (where each page sits on screen) and PoolImage (a pool's uint8 index image).
+
+Pages go row-major into a grid about as wide as it is tall (the width a multiple of 8);
+cells past the last page are NO_PAGE padding. PoolImage follows one pool of a PageMirror
+and recomputes only the pages that changed: the last message's `changed` indices when
+it saw the message just before, a diff against its own copy of owner/state after it
+missed some, everything after a mode change.
+
+Qt-free: numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.client import PoolMirror
+from gui.model.page_colors import FREE_PAGE, NO_PAGE, QUARANTINED_PAGE, PageColors
+
+GRID_ALIGN = 8
+
+
+@dataclass(frozen=True)
+class PageGrid:
+    num_pages: int
+    cols: int
+    rows: int
+
+    @classmethod
+    def for_pages(cls, num_pages: int) -> "PageGrid":
+        """The grid for num_pages: cols = ceil(sqrt(n)) rounded up to a multiple of 8."""
+        if num_pages < 0:
+            raise ValueError(f"a pool cannot have {num_pages} pages")
+        cols = max(GRID_ALIGN, -(-math.ceil(math.sqrt(num_pages)) // GRID_ALIGN) * GRID_ALIGN)
+        rows = max(1, -(-num_pages // cols))
+        return cls(num_pages, cols, rows)
+
+    def cell_of(self, page: int) -> tuple[int, int]:
+        """page -> (row, col); raises IndexError outside the pool."""
+        if not 0 <= page < self.num_pages:
+            raise IndexError(f"page {page} is outside 0..{self.num_pages - 1}")
+        return divmod(page, self.cols)
+
+    def page_of(self, row: int, col: int) -> int | None:
+        """(row, col) -> page, or None for padding and cells outside the grid."""
+        if not (0 <= row < self.rows and 0 <= col < self.cols):
+            return None
+        page = row * self.cols + col
+        return page if page < self.num_pages else None
+
+    def page_at(self, x: float, y: float) -> int | None:
+        """Image coordinates (x right, y down; cell (r, c) covers [c, c+1) x [r, r+1)) -> page."""
+        if not (math.isfinite(x) and math.isfinite(y)):
+            return None
+        return self.page_of(math.floor(y), math.floor(x))
+
+    def cell_center(self, page: int) -> tuple[float, float]:
+        """(x, y) image coordinates of the middle of a page's cell."""
+        row, col = self.cell_of(page)
+        return col + 0.5, row + 0.5
+
+
+class PoolImage:
+    """The index image of one pool: `image` is (rows, cols) uint8 for the current colour mode.
+
+    `counts` holds pages per index of the request-mode image; its colour counts feed the
+    shared PageColors so that colours are recycled across pools.
+    """
+
+    def __init__(self, colors: PageColors):
+        self.colors = colors
+        self.grid = PageGrid.for_pages(0)
+        self.owner_image = np.zeros((1, GRID_ALIGN), dtype=np.uint8)  # request mode, always kept
+        self._display: np.ndarray | None = None  # tenant/state mode; None in request mode
+        self.counts = np.zeros(256, dtype=np.int64)
+        self._pool: PoolMirror | None = None
+        self._seq: int | None = None
+        self._generation = -1
+        self._owner = np.empty(0, dtype=np.int32)  # owner/state as last drawn (for diffs)
+        self._state = np.empty(0, dtype=np.uint8)
+        self.last_update_pages = 0  # pages recomputed by the last update (for tests and benches)
+
+    @property
+    def image(self) -> np.ndarray:
+        return self.owner_image if self._display is None else self._display
+
+    @property
+    def used_pages(self) -> int:
+        return self.grid.num_pages - int(self.counts[FREE_PAGE])
+
+    @property
+    def quarantined_pages(self) -> int:
+        return int(self.counts[QUARANTINED_PAGE])
+
+    def update(self, pool: PoolMirror) -> bool:
+        """Bring the image up to the pool's metadata; True if any cell may have changed."""
+        generation_changed = self._generation != self.colors.generation
+        if pool.num_pages != self.grid.num_pages or self._pool is None:
+            self._resize(pool.num_pages)
+            index = None
+        elif pool is self._pool and pool.seq == self._seq:
+            index = np.empty(0, dtype=np.int32)
+        elif pool is self._pool and pool.seq == self._seq + 1:
+            index = pool.changed  # exactly the last message's pages
+        else:
+            # missed messages, or a new keyframe object: what differs from what we drew
+            index = np.flatnonzero((pool.arrays["owner"] != self._owner) | (pool.arrays["state"] != self._state))
+        self._pool, self._seq = pool, pool.seq
+        if index is not None:
+            index = index.astype(np.intp)  # numpy gathers and scatters with intp 2-3x faster
+        if index is None:
+            self._recompute_owner_image(pool, np.arange(pool.num_pages))
+        elif len(index):
+            self._recompute_owner_image(pool, index)
+        else:
+            self.last_update_pages = 0
+        if self.colors.mode == "request":
+            self._display = None
+        elif generation_changed or self._display is None or index is None:
+            self._display = np.full_like(self.owner_image, NO_PAGE)
+            self._recompute_display(pool, slice(None))
+            self.last_update_pages = pool.num_pages
+        elif len(index):
+            self._recompute_display(pool, index)
+        self._generation = self.colors.generation
+        return generation_changed or index is None or len(index) > 0
+
+    def detach(self) -> None:
+        """Give this pool's colour counts back (the pool is gone)."""
+        self.colors.owners.count(-self.counts)
+        self.counts[:] = 0
+
+    def _resize(self, num_pages: int) -> None:
+        self.detach()
+        self.grid = PageGrid.for_pages(num_pages)
+        self.owner_image = np.full((self.grid.rows, self.grid.cols), NO_PAGE, dtype=np.uint8)
+        self.counts[NO_PAGE] = self.owner_image.size
+        self._display = None
+        self._owner = np.full(num_pages, -1, dtype=np.int32)
+        self._state = np.zeros(num_pages, dtype=np.uint8)
+
+    def _recompute_owner_image(self, pool: PoolMirror, index: np.ndarray) -> None:
+        owner, state = pool.arrays["owner"][index], pool.arrays["state"][index]
+        flat = self.owner_image.reshape(-1)
+        new = self.colors.owner_indices(owner, state)
+        delta = np.bincount(new, minlength=256) - np.bincount(flat[index], minlength=256)
+        flat[index] = new
+        self.counts += delta
+        self.colors.owners.count(delta)
+        self._owner[index] = owner
+        self._state[index] = state
+        self.last_update_pages = len(new)
+
+    def _recompute_display(self, pool: PoolMirror, index) -> None:
+        owner, state = pool.arrays["owner"][index], pool.arrays["state"][index]
+        flat = self._display.reshape(-1)
+        if isinstance(index, slice):
+            flat[:pool.num_pages] = self.colors.display_indices(owner, state)
+        else:
+            flat[index] = self.colors.display_indices(owner, state)

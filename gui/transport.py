@@ -1,0 +1,171 @@
+"""TransportThread: the one thread that owns every ZeroMQ socket of the GUI.
+
+It polls the control DEALER and the telemetry SUB with a short timeout (never a busy
+NOBLOCK loop), decodes telemetry, and hands it to the GUI thread in batches (at most one
+signal per BATCH_S, so a flood of messages costs a handful of signal emits). Commands from
+the GUI thread arrive through a queue and leave through the one EngineClient; answers come
+back as signals carrying the ticket that request() returned. It asks for status once a
+second, which is also how it tells a live engine from a gone one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import time
+
+import zmq
+from PySide6.QtCore import QThread, Signal
+
+from engine.client import EngineClient, TelemetrySubscriber
+from engine.protocol import ProtocolError, unpack
+
+POLL_MS = 20
+BATCH_S = 0.05
+STATUS_EVERY_S = 1.0
+NO_ANSWER_S = 3.0  # a status unanswered for this long: the engine is gone (reconnecting)
+
+
+class TransportThread(QThread):
+    telemetry = Signal(list)  # [Message, ...]
+    status = Signal(dict)
+    reply = Signal(int, str, object)  # ticket, op, result dict or {"error": {code, message}}
+    stream_event = Signal(object)  # Message of a submit stream (accepted / token / done / error)
+    connection = Signal(str)  # "connecting" | "connected" | "reconnecting"
+
+    def __init__(self, endpoint: str, *, server_key: bytes | None = None,
+                 client_keys: tuple[bytes, bytes] | None = None, telemetry_endpoint: str | None = None,
+                 parent=None):
+        """telemetry_endpoint: overrides the one the engine's status names (soak tests)."""
+        super().__init__(parent)
+        self.endpoint = endpoint
+        self.server_key, self.client_keys = server_key, client_keys
+        self.telemetry_override = telemetry_endpoint
+        self._commands: queue.Queue = queue.Queue()
+        self._tickets = itertools.count(1)
+        self._running = True
+        self.received = 0  # telemetry messages decoded (read from tests after the thread ends)
+        self.dropped = 0
+
+    # ---- called from the GUI thread -----------------------------------------------------
+    def request(self, op: str, **fields) -> int:
+        """Queue one control op; its answer comes as reply(ticket, op, result)."""
+        ticket = next(self._tickets)
+        self._commands.put((ticket, op, fields))
+        return ticket
+
+    def stop(self) -> None:
+        self._running = False
+        self.wait(5000)
+
+    # ---- the thread -------------------------------------------------------------------
+    def run(self) -> None:
+        ctx = zmq.Context()
+        client = EngineClient(self.endpoint, server_key=self.server_key, client_keys=self.client_keys,
+                              context=ctx)
+        sub: TelemetrySubscriber | None = None
+        sub_endpoint = None
+        pending: dict[int, tuple[int, str]] = {}  # message id -> (ticket, op)
+        streams: set[int] = set()
+        batch: list = []
+        last_flush = last_status = 0.0
+        status_sent_at: float | None = None
+        state = "connecting"
+        self.connection.emit(state)
+        poller = zmq.Poller()
+        poller.register(client.sock, zmq.POLLIN)
+        try:
+            while self._running:
+                now = time.monotonic()
+                if now - last_status >= STATUS_EVERY_S and status_sent_at is None:
+                    pending[client.send("status")] = (0, "status")
+                    last_status = status_sent_at = now
+                if status_sent_at is not None and now - status_sent_at > NO_ANSWER_S and state != "reconnecting":
+                    state = "reconnecting"
+                    self.connection.emit(state)
+                    status_sent_at = None  # ask again; the DEALER reconnects on its own
+                self._send_commands(client, pending, streams)
+                ready = dict(poller.poll(POLL_MS))
+                if client.sock in ready:
+                    for msg in _drain(client.sock):
+                        msg_id = msg.get("id")
+                        if msg_id in streams:
+                            self.stream_event.emit(msg)
+                            if msg.op in ("done", "error"):
+                                streams.discard(msg_id)
+                            continue
+                        ticket, op = pending.pop(msg_id, (None, None))
+                        if op == "status":
+                            status_sent_at = None
+                            if msg.op == "reply":
+                                result = msg.get("result", {})
+                                if state != "connected":
+                                    state = "connected"
+                                    self.connection.emit(state)
+                                endpoint = self.telemetry_override or result.get("engine", {}).get("telemetry")
+                                if endpoint and endpoint != sub_endpoint:
+                                    sub = self._resubscribe(ctx, poller, sub, endpoint)
+                                    sub_endpoint = endpoint
+                                    pending[client.send("keyframe")] = (0, "keyframe")
+                                self.status.emit(result)
+                        elif ticket is not None and ticket > 0:
+                            result = msg.get("result", {}) if msg.op == "reply" else {"error": msg.get("error")}
+                            self.reply.emit(ticket, op, result)
+                if sub is not None and sub.sock in ready:
+                    batch.extend(self._drain_sub(sub))
+                if batch and (now - last_flush >= BATCH_S or len(batch) >= 5000):
+                    self.telemetry.emit(batch)
+                    batch, last_flush = [], now
+        finally:
+            if batch:
+                self.telemetry.emit(batch)
+            if sub is not None:
+                sub.sock.close(linger=0)
+            client.sock.close(linger=0)
+            ctx.term()
+
+    def _send_commands(self, client: EngineClient, pending: dict, streams: set) -> None:
+        while True:
+            try:
+                ticket, op, fields = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            msg_id = client.send(op, **fields)
+            if op == "submit":
+                streams.add(msg_id)
+                self.reply.emit(ticket, op, {"stream": msg_id})
+            else:
+                pending[msg_id] = (ticket, op)
+
+    def _resubscribe(self, ctx, poller, sub, endpoint: str) -> TelemetrySubscriber:
+        if sub is not None:
+            poller.unregister(sub.sock)
+            sub.sock.close(linger=0)
+        sub = TelemetrySubscriber(endpoint, ("",), server_key=self.server_key, client_keys=self.client_keys,
+                                  context=ctx)
+        poller.register(sub.sock, zmq.POLLIN)
+        return sub
+
+    def _drain_sub(self, sub: TelemetrySubscriber) -> list:
+        out = []
+        for _ in range(20_000):  # bounded: the GUI thread must get its batch
+            msg = sub.recv_nowait()
+            if msg is None:
+                break
+            out.append(msg)
+        self.received += len(out)
+        self.dropped = sub.dropped
+        return out
+
+
+def _drain(sock: zmq.Socket) -> list:
+    out = []
+    while True:
+        try:
+            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return out
+        try:
+            out.append(unpack(frames))
+        except ProtocolError:
+            continue

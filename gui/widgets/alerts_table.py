@@ -1,0 +1,235 @@
+"""AlertsTable: the engine's alerts, newest first, with acknowledge and snapshot export.
+
+The model keeps the row objects of its last refresh; an unchanged state costs one identity
+comparison, changed rows one dataChanged, and only a changed row set resets the model
+(the selection is restored by alert id).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from PySide6.QtCore import QAbstractTableModel, QItemSelection, QItemSelectionModel, QModelIndex, Qt, Signal
+from PySide6.QtGui import QAction, QFont
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QMenu,
+                               QPushButton, QTableView, QVBoxLayout, QWidget)
+
+from gui import theme
+from gui.model.engine_state import AlertRow, EngineState
+
+COLUMNS = ("Last seen", "Severity", "Kind", "Requests", "Pages", "Detail", "State", "Ack")
+FILTERS = ("All alerts", "Unresolved")
+
+
+def short_list(items: list, limit: int = 3) -> str:
+    """"r1, r2, r3 +4" — the first few items and how many more."""
+    shown = ", ".join(str(i) for i in items[:limit])
+    return shown + (f" +{len(items) - limit}" if len(items) > limit else "")
+
+
+def page_ranges(pages: list[int], limit: int = 4) -> str:
+    """[3, 4, 5, 9] -> "3–5, 9"; after `limit` ranges, how many pages more."""
+    ranges: list[list[int]] = []
+    for page in sorted(set(pages)):
+        if ranges and page == ranges[-1][1] + 1:
+            ranges[-1][1] = page
+        else:
+            ranges.append([page, page])
+    text = ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in ranges[:limit])
+    rest = sum(b - a + 1 for a, b in ranges[limit:])
+    return text + (f" +{rest}" if rest else "")
+
+
+def local_time(timestamp: float) -> str:
+    """A wall-clock timestamp as local HH:MM:SS (with the date when it is not today)."""
+    when = dt.datetime.fromtimestamp(timestamp)
+    return when.strftime("%H:%M:%S" if when.date() == dt.date.today() else "%Y-%m-%d %H:%M:%S")
+
+
+_CELLS = (
+    lambda a: local_time(a.last_seen),
+    lambda a: a.severity,
+    lambda a: a.kind,
+    lambda a: short_list(a.requests),
+    lambda a: page_ranges(a.pages),
+    lambda a: a.detail.splitlines()[0] if a.detail else "",
+    lambda a: a.state + (f" ×{a.count}" if a.count > 1 else ""),
+    lambda a: "yes" if a.acked else "",
+)
+
+
+def acknowledge_enabled(rows: list[AlertRow], readonly: bool) -> bool:
+    """Acknowledge is possible when not read-only and a selected alert is unacknowledged."""
+    return not readonly and any(not row.acked for row in rows)
+
+
+class AlertsModel(QAbstractTableModel):
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.rows: list[AlertRow] = []
+
+    def rowCount(self, parent=QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent=QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(COLUMNS)
+
+    def headerData(self, section, orientation, role=Qt.DisplayRole):
+        if orientation == Qt.Horizontal and role == Qt.DisplayRole:
+            return COLUMNS[section]
+        return None
+
+    def data(self, index, role=Qt.DisplayRole):
+        if not index.isValid():
+            return None
+        row, col = self.rows[index.row()], index.column()
+        if role == Qt.DisplayRole:
+            return _CELLS[col](row)
+        if role == Qt.ToolTipRole:
+            return (f"{row.kind} ({row.severity}, {row.state})\nfirst seen {local_time(row.first_seen)}, "
+                    f"last seen {local_time(row.last_seen)}, {row.count}×\nrequests: {', '.join(row.requests) or '-'}"
+                    f"\npages: {', '.join(map(str, row.pages)) or '-'}\n\n{row.detail}")
+        if role == Qt.ForegroundRole:
+            if col == 1:
+                return theme.severity_color(row.severity)
+            if row.state == "resolved":
+                return theme.color("muted")
+        if role == Qt.FontRole and row.state == "firing" and not row.acked:
+            font = QFont()
+            font.setBold(True)
+            return font
+        return None
+
+    def update_rows(self, rows: list[AlertRow]) -> bool:
+        """Swap in new rows; returns True when the row set changed (the model was reset)."""
+        old = self.rows
+        if len(rows) == len(old) and all(a is b for a, b in zip(rows, old)):
+            return False
+        if [r.id for r in rows] == [r.id for r in old]:
+            self.rows = rows
+            self.dataChanged.emit(self.index(0, 0), self.index(len(rows) - 1, len(COLUMNS) - 1))
+            return False
+        self.beginResetModel()
+        self.rows = rows
+        self.endResetModel()
+        return True
+
+
+class AlertsTable(QWidget):
+    """Alerts over state.alerts; commands leave as signals."""
+
+    acknowledge_requested = Signal(list)  # alert ids
+    snapshot_requested = Signal(str)  # alert id
+
+    def __init__(self, state: EngineState, parent=None):
+        super().__init__(parent)
+        self.state = state
+        self._readonly = False
+        self.model = AlertsModel(self)
+        self.view = QTableView()
+        self.view.setModel(self.model)
+        self.view.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.view.setSelectionMode(QAbstractItemView.ExtendedSelection)
+        self.view.setAlternatingRowColors(True)
+        self.view.setWordWrap(False)
+        self.view.verticalHeader().hide()
+        self.view.verticalHeader().setSectionResizeMode(QHeaderView.Fixed)
+        self.view.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 6)
+        header = self.view.horizontalHeader()
+        for col, width in enumerate((74, 66, 150, 110, 80, 260, 80, 40)):
+            header.resizeSection(col, width)
+        header.setSectionResizeMode(5, QHeaderView.Stretch)
+        self.view.setContextMenuPolicy(Qt.CustomContextMenu)
+        self.view.customContextMenuRequested.connect(self._context_menu)
+        self.view.selectionModel().selectionChanged.connect(self._update_actions)
+
+        self.filter = QComboBox()
+        self.filter.addItems(FILTERS)
+        self.filter.currentIndexChanged.connect(self.refresh)
+        self.count_label = QLabel()
+        self.acknowledge_action = QAction("Acknowledge", self)
+        self.acknowledge_action.triggered.connect(self.acknowledge_selected)
+        self.snapshot_action = QAction("Export incident snapshot…", self)
+        self.snapshot_action.triggered.connect(self._snapshot)
+        self.acknowledge_button = QPushButton("Acknowledge")
+        self.acknowledge_button.clicked.connect(self.acknowledge_selected)
+
+        bar = QHBoxLayout()
+        bar.setContentsMargins(0, 0, 0, 0)
+        bar.addWidget(QLabel("Show"))
+        bar.addWidget(self.filter)
+        bar.addWidget(self.count_label, 1)
+        bar.addWidget(self.acknowledge_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(bar)
+        layout.addWidget(self.view)
+        self.refresh()
+
+    # ---- state -> view ------------------------------------------------------------------
+    def refresh(self) -> None:
+        unresolved_only = self.filter.currentIndex() == 1
+        alerts = self.state.alerts.values()
+        rows = [a for a in alerts if not (unresolved_only and a.state == "resolved")]
+        rows.reverse()  # arrival order breaks last_seen ties, newest first
+        rows.sort(key=lambda a: a.last_seen, reverse=True)
+        selected = self.selected_ids()
+        if self.model.update_rows(rows) and selected:
+            self._select_ids(selected)
+        firing = sum(1 for a in rows if a.state == "firing")
+        self.count_label.setText(f"{len(rows):,} shown, {firing:,} firing")
+        self._update_actions()
+
+    def set_readonly(self, readonly: bool) -> None:
+        self._readonly = bool(readonly)
+        self._update_actions()
+
+    def selected_rows(self) -> list[AlertRow]:
+        return [self.model.rows[i.row()] for i in self.view.selectionModel().selectedRows()]
+
+    def selected_ids(self) -> list[str]:
+        return [row.id for row in self.selected_rows()]
+
+    def _select_ids(self, ids: list[str]) -> None:
+        wanted = set(ids)
+        selection = QItemSelection()
+        for i, row in enumerate(self.model.rows):
+            if row.id in wanted:
+                selection.select(self.model.index(i, 0), self.model.index(i, len(COLUMNS) - 1))
+        self.view.selectionModel().select(selection, QItemSelectionModel.ClearAndSelect)
+
+    def _update_actions(self, *_) -> None:
+        enabled = acknowledge_enabled(self.selected_rows(), self._readonly)
+        self.acknowledge_action.setEnabled(enabled)
+        self.acknowledge_button.setEnabled(enabled)
+        # export reads the engine's records only, so read-only sessions keep it
+        self.snapshot_action.setEnabled(bool(self.view.selectionModel().selectedRows()))
+
+    # ---- commands -------------------------------------------------------------------------
+    def acknowledge_selected(self) -> None:
+        """Emit acknowledge_requested with the selected unacknowledged alerts (if allowed)."""
+        rows = self.selected_rows()
+        if acknowledge_enabled(rows, self._readonly):
+            self.acknowledge_requested.emit([r.id for r in rows if not r.acked])
+
+    def _snapshot(self) -> None:
+        index = self.view.currentIndex()
+        rows = self.selected_rows()
+        if index.isValid() and self.view.selectionModel().isRowSelected(index.row(), QModelIndex()):
+            self.snapshot_requested.emit(self.model.rows[index.row()].id)
+        elif rows:
+            self.snapshot_requested.emit(rows[0].id)
+
+    def context_menu(self) -> QMenu:
+        """The menu a right click shows (built fresh so its actions reflect the selection)."""
+        self._update_actions()
+        menu = QMenu(self)
+        menu.addAction(self.acknowledge_action)
+        menu.addAction(self.snapshot_action)
+        return menu
+
+    def _context_menu(self, pos) -> None:
+        index = self.view.indexAt(pos)
+        if index.isValid() and not self.view.selectionModel().isRowSelected(index.row(), QModelIndex()):
+            self.view.selectRow(index.row())
+        self.context_menu().exec(self.view.viewport().mapToGlobal(pos))

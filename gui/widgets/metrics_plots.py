@@ -1,0 +1,126 @@
+"""MetricsPlots: the last minutes of the `metrics` topic as pyqtgraph plots.
+
+x is seconds before now (0 at the right edge): pool usage % (one curve per pool),
+tokens/s, queue depth, TTFT p50 and time per output token p50. Colours follow the theme.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QEvent
+from PySide6.QtWidgets import QVBoxLayout, QWidget
+
+from gui import theme
+from gui.model.engine_state import EngineState
+from gui.widgets.status_line import apply_stale_look
+
+# series name -> (plot title, y unit label)
+PLOTS = {
+    "pool_usage": ("Pool usage", "%"),
+    "tokens_per_s": ("Throughput", "tokens/s"),
+    "queue_depth": ("Queue depth", "requests"),
+    "ttft_ms_p50": ("Time to first token p50", "ms"),
+    "tpot_ms_p50": ("Time per output token p50", "ms"),
+}
+GRID = {"pool_usage": (0, 0, 1, 2), "tokens_per_s": (1, 0, 1, 1), "queue_depth": (1, 1, 1, 1),
+        "ttft_ms_p50": (2, 0, 1, 1), "tpot_ms_p50": (2, 1, 1, 1)}
+
+
+class SecondsAgoAxis(pg.AxisItem):
+    """x values are negative seconds from now; the ticks read as positive "seconds ago"."""
+
+    def tickStrings(self, values, scale, spacing):
+        return [f"{abs(v) * scale:g}" for v in values]
+
+
+def series_xy(series, now: float, span_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """(monotonic time, value) pairs -> (seconds relative to now, values) within span_s."""
+    if not series:
+        return np.empty(0), np.empty(0)
+    data = np.asarray(series, dtype=float)
+    x = data[:, 0] - now
+    keep = x >= -span_s
+    return x[keep], data[keep, 1]
+
+
+class MetricsPlots(QWidget):
+    def __init__(self, state: EngineState, span_s: float = 300.0, parent=None):
+        super().__init__(parent)
+        self.state = state
+        self.span_s = span_s
+        self.graphics = pg.GraphicsLayoutWidget()
+        self.plots: dict[str, pg.PlotItem] = {}
+        self.curves: dict[str, pg.PlotDataItem] = {}  # series name, or "pool:<name>"
+        for name, (title, unit) in PLOTS.items():
+            row, col, rows, cols = GRID[name]
+            plot = self.graphics.addPlot(row=row, col=col, rowspan=rows, colspan=cols,
+                                         axisItems={"bottom": SecondsAgoAxis("bottom")})
+            plot.setMenuEnabled(False)
+            plot.setMouseEnabled(x=False, y=False)
+            plot.hideButtons()
+            plot.showGrid(x=True, y=True, alpha=0.2)
+            plot.setXRange(-span_s, 0, padding=0)
+            plot.setLabel("left", unit)
+            if row != 1:  # the middle row shares its column's label below it
+                plot.setLabel("bottom", "seconds ago")
+            self.plots[name] = plot
+            if name != "pool_usage":
+                self.curves[name] = plot.plot([], [])
+        self.plots["pool_usage"].setYRange(0, 100, padding=0.02)
+        self.legend = self.plots["pool_usage"].addLegend(offset=(8, 4))
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.graphics)
+        self._apply_colors()
+        self.refresh()
+
+    def refresh(self, now: float | None = None) -> None:
+        """Re-read the metric series; x is recomputed because "now" moves."""
+        now = time.monotonic() if now is None else now
+        for name, series in self.state.metrics.items():
+            if name in self.curves:
+                self.curves[name].setData(*series_xy(series, now, self.span_s))
+        for pool, series in sorted(self.state.pool_usage.items()):
+            key = f"pool:{pool}"
+            if key not in self.curves:
+                self.curves[key] = self.plots["pool_usage"].plot([], [], name=pool)
+                self._apply_colors()
+            self.curves[key].setData(*series_xy(series, now, self.span_s))
+
+    def set_readonly(self, readonly: bool) -> None:
+        """Plots have no controls; present so the window can treat every view alike."""
+
+    def set_stale(self, stale: bool) -> None:
+        """Grey the plots while telemetry is stale."""
+        apply_stale_look(self, stale)
+
+    def set_theme(self, mode: str) -> None:
+        """Recolour for "dark" or "light" (a palette change does this too)."""
+        self._apply_colors(mode)
+
+    def changeEvent(self, event) -> None:
+        if event.type() in (QEvent.PaletteChange, QEvent.ApplicationPaletteChange):
+            self._apply_colors()
+        super().changeEvent(event)
+
+    def _apply_colors(self, mode: str | None = None) -> None:
+        mode = mode or theme.current_mode()
+        background, foreground = theme.plot_colors(mode)
+        self.graphics.setBackground(background)
+        for name, plot in self.plots.items():
+            plot.setTitle(PLOTS[name][0], color=foreground, size="9pt")
+            for side in ("left", "bottom"):
+                axis = plot.getAxis(side)
+                axis.setPen(foreground)
+                axis.setTextPen(foreground)
+        self.legend.setLabelTextColor(foreground)
+        for _sample, label in self.legend.items:
+            label.setText(label.text)  # setLabelTextColor alone does not re-render existing labels
+        pools = sorted(k for k in self.curves if k.startswith("pool:"))
+        for i, key in enumerate(pools):
+            self.curves[key].setPen(pg.mkPen(theme.series_color(i, mode), width=2))
+        for i, name in enumerate(n for n in PLOTS if n != "pool_usage"):
+            self.curves[name].setPen(pg.mkPen(theme.series_color(i, mode), width=2))

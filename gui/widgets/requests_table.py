@@ -1,0 +1,198 @@
+"""RequestsTable: the requests the engine reported, newest first, active or all.
+
+Order is by when this table first saw a request, then by slot (slots are handed out in
+arrival order); state.requests moves a row to its end on every update, which would make
+rows jump. A refresh where only new requests arrived
+inserts rows at the top; updates in place emit dataChanged; anything else resets the
+model and restores the selection by request id.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from PySide6.QtCore import QAbstractTableModel, QItemSelectionModel, QModelIndex, Qt, Signal
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QTableView,
+                               QVBoxLayout, QWidget)
+
+from gui import theme
+from gui.model.engine_state import EngineState, RequestRow
+
+COLUMNS = ("Request", "Tenant", "Prompt", "Phase", "Pages", "TTFT ms", "Tokens")
+NUMERIC = {2, 5, 6}
+FILTERS = ("Active", "All")
+PHASE_COLOR = {"failed": "danger", "rejected": "danger", "cancelled": "muted", "finished": "muted",
+               "decoding": "ok"}
+
+
+def pages_text(pages: dict[str, int]) -> str:
+    """{"prefill-0": 2, "decode-0": 3} -> "decode-0: 3, prefill-0: 2"."""
+    return ", ".join(f"{pool}: {n}" for pool, n in sorted(pages.items()))
+
+
+_CELLS = (
+    lambda r: r.request_id,
+    lambda r: r.tenant,
+    lambda r: f"{r.prompt_len:,}",
+    lambda r: r.phase,
+    lambda r: pages_text(r.pages),
+    lambda r: "" if r.ttft_ms is None else f"{r.ttft_ms:,.1f}",
+    lambda r: f"{r.tokens:,}",
+)
+
+
+class RequestsModel(QAbstractTableModel):
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.rows: list[RequestRow] = []
+        self._stamps: list[float] = []  # row.updated at the last refresh
+
+    def rowCount(self, parent=QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent=QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(COLUMNS)
+
+    def headerData(self, section, orientation, role=Qt.DisplayRole):
+        if orientation == Qt.Horizontal and role == Qt.DisplayRole:
+            return COLUMNS[section]
+        return None
+
+    def data(self, index, role=Qt.DisplayRole):
+        if not index.isValid():
+            return None
+        r, col = self.rows[index.row()], index.column()
+        if role == Qt.DisplayRole:
+            return _CELLS[col](r)
+        if role == Qt.TextAlignmentRole and col in NUMERIC:
+            return int(Qt.AlignRight | Qt.AlignVCenter)
+        if role == Qt.ForegroundRole and col == 3 and r.phase in PHASE_COLOR:
+            return theme.color(PHASE_COLOR[r.phase])
+        if role == Qt.ToolTipRole and r.error:
+            return f"{r.error.get('code', 'error')}: {r.error.get('message', '')}"
+        return None
+
+    def row_of(self, request_id: str) -> int:
+        for i, r in enumerate(self.rows):
+            if r.request_id == request_id:
+                return i
+        return -1
+
+    def update_rows(self, rows: list[RequestRow]) -> bool:
+        """Swap in new rows (newest first); True when the model was reset."""
+        stamps = [r.updated for r in rows]
+        new = len(rows) - len(self.rows)
+        if new >= 0 and all(a is b for a, b in zip(rows[new:], self.rows)):
+            if new:
+                self.beginInsertRows(QModelIndex(), 0, new - 1)
+                self.rows, old_stamps = rows, self._stamps
+                self.endInsertRows()
+            else:
+                old_stamps = self._stamps
+                self.rows = rows
+            self._stamps = stamps
+            changed = [i for i, (a, b) in enumerate(zip(stamps[new:], old_stamps), new) if a != b]
+            if changed:
+                self.dataChanged.emit(self.index(changed[0], 0), self.index(changed[-1], len(COLUMNS) - 1))
+            return False
+        self.beginResetModel()
+        self.rows, self._stamps = rows, stamps
+        self.endResetModel()
+        return True
+
+
+class RequestsTable(QWidget):
+    """Requests from state.requests; emits request_selected(id) when the user picks one."""
+
+    request_selected = Signal(str)
+
+    def __init__(self, state: EngineState, parent=None):
+        super().__init__(parent)
+        self.state = state
+        self._first_seen: dict[str, int] = {}  # request id -> refresh number that first saw it
+        self._refreshes = itertools.count()
+        self._quiet = False  # set while the table itself moves the selection
+        self.model = RequestsModel(self)
+        self.view = QTableView()
+        self.view.setModel(self.model)
+        self.view.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.view.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.view.setAlternatingRowColors(True)
+        self.view.setWordWrap(False)
+        vertical = self.view.verticalHeader()
+        vertical.hide()
+        vertical.setSectionResizeMode(QHeaderView.Fixed)
+        vertical.setDefaultSectionSize(self.fontMetrics().height() + 6)
+        header = self.view.horizontalHeader()
+        for col, width in enumerate((110, 80, 64, 110, 200, 70, 60)):
+            header.resizeSection(col, width)
+        header.setSectionResizeMode(4, QHeaderView.Stretch)
+        self.view.selectionModel().selectionChanged.connect(self._selection_changed)
+
+        self.filter = QComboBox()
+        self.filter.addItems(FILTERS)
+        self.filter.currentIndexChanged.connect(self.refresh)
+        self.count_label = QLabel()
+        bar = QHBoxLayout()
+        bar.setContentsMargins(0, 0, 0, 0)
+        bar.addWidget(QLabel("Show"))
+        bar.addWidget(self.filter)
+        bar.addWidget(self.count_label, 1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(bar)
+        layout.addWidget(self.view)
+        self.refresh()
+
+    def refresh(self) -> None:
+        requests = self.state.requests
+        generation = next(self._refreshes)
+        for rid in requests.keys() - self._first_seen.keys():
+            self._first_seen[rid] = generation
+        if len(self._first_seen) > len(requests):
+            self._first_seen = {rid: n for rid, n in self._first_seen.items() if rid in requests}
+        active_only = self.filter.currentIndex() == 0
+        rows = [r for r in requests.values() if not (active_only and r.done)]
+        rows.sort(key=lambda r: (self._first_seen[r.request_id], r.slot), reverse=True)
+        selected = self.selected_request()
+        if self.model.update_rows(rows) and selected is not None:
+            self._select(selected, scroll=False)
+        active = sum(1 for r in requests.values() if not r.done)
+        self.count_label.setText(f"{active:,} active, {len(requests):,} known")
+
+    def set_readonly(self, readonly: bool) -> None:
+        """Nothing here changes the engine; present so the window can treat every view alike."""
+
+    def selected_request(self) -> str | None:
+        rows = self.view.selectionModel().selectedRows()
+        return self.model.rows[rows[0].row()].request_id if rows else None
+
+    def select_request(self, request_id: str) -> bool:
+        """Select and scroll to a request (from the page map); does not emit request_selected.
+
+        Switches the filter to All when the request is finished. False when it is unknown.
+        """
+        if self.model.row_of(request_id) < 0 and request_id in self.state.requests and self.filter.currentIndex() == 0:
+            self.filter.setCurrentIndex(1)  # refreshes
+        return self._select(request_id, scroll=True)
+
+    def _select(self, request_id: str, scroll: bool) -> bool:
+        row = self.model.row_of(request_id)
+        self._quiet = True
+        try:
+            if row < 0:
+                self.view.selectionModel().clearSelection()
+                return False
+            index = self.model.index(row, 0)
+            self.view.selectionModel().setCurrentIndex(
+                index, QItemSelectionModel.ClearAndSelect | QItemSelectionModel.Rows)
+            if scroll:
+                self.view.scrollTo(index, QAbstractItemView.PositionAtCenter)
+            return True
+        finally:
+            self._quiet = False
+
+    def _selection_changed(self, *_) -> None:
+        rid = self.selected_request()
+        if rid is not None and not self._quiet:
+            self.request_selected.emit(rid)

@@ -1,0 +1,106 @@
+"""Toast: short, non-modal cards in the window's bottom-right corner, one per newly firing alert.
+
+Cards stack upwards, hide themselves after a few seconds, and never take focus; a click
+on a card emits `activated(alert_id)` so the window can select the alert.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
+from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
+
+from gui import theme
+from gui.model.engine_state import AlertRow
+
+MARGIN = 12
+SPACING = 6
+WIDTH = 340
+
+
+class ToastCard(QFrame):
+    clicked = Signal(str)
+
+    def __init__(self, alert: AlertRow, parent: QWidget):
+        super().__init__(parent)
+        self.alert_id = alert.id
+        self.setObjectName("toastCard")
+        self.setAttribute(Qt.WA_ShowWithoutActivating)
+        self.setFocusPolicy(Qt.NoFocus)
+        self.setFixedWidth(WIDTH)
+        accent = theme.severity_color(alert.severity).name()
+        pal = self.palette()
+        self.setStyleSheet(
+            f"QFrame#toastCard {{ background: {pal.color(pal.ColorRole.ToolTipBase).name()}; "
+            f"border: 1px solid {pal.color(pal.ColorRole.Mid).name()}; border-left: 5px solid {accent}; "
+            f"border-radius: 4px; }}")
+        self.title = QLabel(f"<b style='color:{accent}'>{alert.severity.upper()}</b>&nbsp; {alert.kind}")
+        detail = alert.detail.splitlines()[0] if alert.detail else ""
+        if len(detail) > 160:
+            detail = detail[:157] + "…"
+        who = f"requests {', '.join(alert.requests[:3])}" + (" …" if len(alert.requests) > 3 else "") \
+            if alert.requests else ""
+        self.body = QLabel("\n".join(x for x in (detail, who) if x))
+        self.body.setWordWrap(True)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(10, 6, 8, 6)
+        layout.setSpacing(2)
+        layout.addWidget(self.title)
+        layout.addWidget(self.body)
+
+    def mousePressEvent(self, event) -> None:
+        event.accept()
+        self.clicked.emit(self.alert_id)
+
+
+class Toast(QObject):
+    """Shows ToastCards over `parent` (the main window) and keeps them stacked in its corner."""
+
+    activated = Signal(str)  # alert id of a clicked card
+
+    def __init__(self, parent: QWidget, duration_ms: int = 6000, max_cards: int = 5):
+        super().__init__(parent)
+        self.host = parent
+        self.duration_ms = duration_ms
+        self.max_cards = max_cards
+        self._cards: list[ToastCard] = []
+        parent.installEventFilter(self)
+
+    def show_alert(self, alert: AlertRow) -> ToastCard:
+        """Pop a card for `alert`; it hides after duration_ms. The oldest goes beyond max_cards."""
+        card = ToastCard(alert, self.host)
+        card.clicked.connect(self.activated)
+        card.clicked.connect(lambda _id, c=card: self._dismiss(c))
+        self._cards.append(card)
+        while len(self._cards) > self.max_cards:
+            self._dismiss(self._cards[0])
+        card.adjustSize()
+        card.show()
+        card.raise_()
+        QTimer.singleShot(self.duration_ms, card, lambda c=card: self._dismiss(c))
+        self._restack()
+        return card
+
+    def cards(self) -> list[ToastCard]:
+        """The cards on screen, oldest first."""
+        return [c for c in self._cards if c.isVisible()]
+
+    def _dismiss(self, card: ToastCard) -> None:
+        if card in self._cards:
+            self._cards.remove(card)
+            card.hide()
+            card.deleteLater()
+            self._restack()
+
+    def _restack(self) -> None:
+        self._cards = [c for c in self._cards if not c.isHidden()]
+        bottom = self.host.height() - MARGIN
+        for card in reversed(self._cards):  # newest at the bottom, older ones above it
+            card.adjustSize()
+            bottom -= card.height()
+            card.move(self.host.width() - card.width() - MARGIN, max(MARGIN, bottom))
+            bottom -= SPACING
+
+    def eventFilter(self, watched, event) -> bool:
+        if watched is self.host and event.type() == QEvent.Resize:
+            self._restack()
+        return False

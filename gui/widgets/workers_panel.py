@@ -1,0 +1,210 @@
+"""WorkersPanel: one row per worker process, and Start / Stop / Restart / Reconfigure….
+
+Which buttons are enabled is `actions_enabled(row, readonly, connected)`, a pure function
+recomputed on every refresh and selection change. Stop and Restart fail the worker's
+in-flight requests, so they ask first.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Signal
+from PySide6.QtWidgets import (QAbstractItemView, QApplication, QHBoxLayout, QHeaderView, QMessageBox,
+                               QPushButton, QStyle, QStyledItemDelegate, QStyleOptionProgressBar, QTableView,
+                               QVBoxLayout, QWidget)
+
+from gui import theme
+from gui.model.engine_state import EngineState, WorkerRow
+
+COLUMNS = ("Worker", "Role", "State", "PID", "Device", "Pool usage")
+USAGE_COLUMN = 5
+STARTABLE = ("stopped", "crashed")
+RUNNING = ("ready", "starting", "draining")
+STATE_COLOR = {"ready": "ok", "crashed": "danger", "starting": "warning", "draining": "warning",
+               "stopping": "warning", "stopped": "muted"}
+
+
+def actions_enabled(worker: WorkerRow | None, readonly: bool, connected: bool = True) -> dict[str, bool]:
+    """Which worker actions are possible: keys start, stop, restart, reconfigure."""
+    live = connected and not readonly
+    state = worker.state if worker is not None else None
+    return {
+        "start": live and state in STARTABLE,
+        "stop": live and state in RUNNING,
+        "restart": live and state in RUNNING,
+        "reconfigure": live,
+    }
+
+
+def usage_text(worker: WorkerRow) -> str:
+    if not worker.pages:
+        return "—"
+    return f"{worker.used_pages or 0:,}/{worker.pages:,}"
+
+
+class WorkersModel(QAbstractTableModel):
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.rows: list[WorkerRow] = []
+
+    def rowCount(self, parent=QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent=QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(COLUMNS)
+
+    def headerData(self, section, orientation, role=Qt.DisplayRole):
+        if orientation == Qt.Horizontal and role == Qt.DisplayRole:
+            return COLUMNS[section]
+        return None
+
+    def data(self, index, role=Qt.DisplayRole):
+        if not index.isValid():
+            return None
+        w, col = self.rows[index.row()], index.column()
+        if role == Qt.DisplayRole:
+            return (w.name, w.role, w.state, "" if w.pid is None else str(w.pid), w.device or "—",
+                    usage_text(w))[col]
+        if role == Qt.UserRole and col == USAGE_COLUMN:
+            return (w.used_pages or 0, w.pages or 0)
+        if role == Qt.ForegroundRole and col == 2:
+            return theme.color(STATE_COLOR.get(w.state, "muted"))
+        if role == Qt.ToolTipRole:
+            extra = f"\n{w.reason}" if w.reason else ""
+            return f"{w.name}: {w.state}, {w.inflight} in-flight request(s), pool {w.pool}{extra}"
+        return None
+
+    def update_rows(self, rows: list[WorkerRow]) -> bool:
+        """Swap in new rows; True when the set of workers changed (the model was reset)."""
+        if [w.name for w in rows] == [w.name for w in self.rows]:
+            self.rows = rows
+            if rows:
+                self.dataChanged.emit(self.index(0, 0), self.index(len(rows) - 1, len(COLUMNS) - 1))
+            return False
+        self.beginResetModel()
+        self.rows = rows
+        self.endResetModel()
+        return True
+
+
+class UsageBarDelegate(QStyledItemDelegate):
+    """Draws the pool usage as a small progress bar labelled used/pages."""
+
+    def paint(self, painter, option, index) -> None:
+        used, pages = index.data(Qt.UserRole) or (0, 0)
+        if not pages:
+            return super().paint(painter, option, index)
+        bar = QStyleOptionProgressBar()
+        bar.rect = option.rect.adjusted(3, 3, -3, -3)
+        bar.minimum, bar.maximum, bar.progress = 0, pages, min(used, pages)
+        bar.text = index.data(Qt.DisplayRole)
+        bar.textVisible = True
+        bar.textAlignment = Qt.AlignCenter
+        bar.state = option.state | QStyle.State_Horizontal  # Fusion draws vertical bars without it
+        bar.palette = option.palette
+        style = option.widget.style() if option.widget else QApplication.style()
+        style.drawControl(QStyle.CE_ProgressBar, bar, painter, option.widget)
+
+
+class WorkersPanel(QWidget):
+    """Workers from state.workers; commands leave as `command_requested(op, worker)`."""
+
+    command_requested = Signal(str, str)  # op ("start" | "stop" | "restart"), worker name
+    reconfigure_requested = Signal()
+
+    def __init__(self, state: EngineState, parent=None):
+        super().__init__(parent)
+        self.state = state
+        self._readonly = False
+        self._connected = True
+        self.model = WorkersModel(self)
+        self.view = QTableView()
+        self.view.setModel(self.model)
+        self.view.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.view.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.view.verticalHeader().hide()
+        self.view.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 10)
+        self.view.setItemDelegateForColumn(USAGE_COLUMN, UsageBarDelegate(self.view))
+        header = self.view.horizontalHeader()
+        for col, width in enumerate((90, 64, 72, 64, 70, 150)):
+            header.resizeSection(col, width)
+        header.setSectionResizeMode(USAGE_COLUMN, QHeaderView.Stretch)
+        self.view.selectionModel().selectionChanged.connect(self._update_buttons)
+
+        self.buttons = {
+            "start": QPushButton("Start"), "stop": QPushButton("Stop"),
+            "restart": QPushButton("Restart"), "reconfigure": QPushButton("Reconfigure…"),
+        }
+        for op in ("start", "stop", "restart"):
+            self.buttons[op].clicked.connect(lambda _=False, op=op: self.ask(op))
+        self.buttons["reconfigure"].clicked.connect(self.reconfigure_requested)
+        row = QHBoxLayout()
+        row.setContentsMargins(0, 0, 0, 0)
+        for button in self.buttons.values():
+            row.addWidget(button)
+        row.addStretch(1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.view)
+        layout.addLayout(row)
+        self.refresh()
+
+    def refresh(self) -> None:
+        selected = self.selected_worker()
+        if self.model.update_rows(list(self.state.workers)) and selected is not None:
+            self.select_worker(selected.name)
+        self._update_buttons()
+
+    def set_readonly(self, readonly: bool) -> None:
+        self._readonly = bool(readonly)
+        self._update_buttons()
+
+    def set_connected(self, connected: bool) -> None:
+        self._connected = bool(connected)
+        self._update_buttons()
+
+    def selected_worker(self) -> WorkerRow | None:
+        rows = self.view.selectionModel().selectedRows()
+        return self.model.rows[rows[0].row()] if rows else None
+
+    def select_worker(self, name: str) -> None:
+        for i, w in enumerate(self.model.rows):
+            if w.name == name:
+                self.view.selectRow(i)
+                return
+
+    def enabled(self) -> dict[str, bool]:
+        return actions_enabled(self.selected_worker(), self._readonly, self._connected)
+
+    def _update_buttons(self, *_) -> None:
+        for op, allowed in self.enabled().items():
+            self.buttons[op].setEnabled(allowed)
+
+    def ask(self, op: str, worker: WorkerRow | str | None = None) -> bool:
+        """Emit command_requested(op, name) for `worker` (default: the selected one) when its state
+        allows it; Stop and Restart ask for confirmation first. True when the command left."""
+        name = worker.name if isinstance(worker, WorkerRow) else worker
+        if name is not None:
+            self.select_worker(name)
+        row = self.selected_worker()
+        if row is None or not self.enabled()[op]:
+            return False
+        if op in ("stop", "restart") and not self._confirm(op, row):
+            return False
+        row = self.selected_worker()  # the state may have moved while the question was open
+        if row is None or not self.enabled()[op]:
+            return False
+        self.command_requested.emit(op, row.name)
+        return True
+
+    def _confirm(self, op: str, worker: WorkerRow) -> bool:
+        n = worker.inflight
+        fate = (f"Its {n} in-flight request{'s' if n != 1 else ''} will fail with "
+                f"\"worker {worker.name} was stopped\" and its pages are freed."
+                if n else "It has no in-flight requests.")
+        after = "It starts again with the current configuration." if op == "restart" \
+            else "It stays stopped until you start it."
+        answer = QMessageBox.question(
+            self, f"{op.capitalize()} {worker.name}?",
+            f"{op.capitalize()} the {worker.role} worker {worker.name}?\n\n{fate}\n{after}",
+            QMessageBox.Yes | QMessageBox.No, QMessageBox.No)
+        return answer == QMessageBox.Yes
