@@ -240,7 +240,7 @@ class MainWindow(QMainWindow):
     # ---- the 10 Hz repaint ------------------------------------------------------------
     def refresh(self) -> None:
         changed, self._changed = self._changed, set()
-        stale = self.state.is_stale()
+        stale = self.state.is_stale() or self.connection != "connected"
         if stale != self._was_stale:
             self._was_stale = stale
             changed |= {"pages", "metrics", "workers"}

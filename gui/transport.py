@@ -4,7 +4,7 @@ It polls the control DEALER and the telemetry SUB with a short timeout (never a 
 NOBLOCK loop), decodes telemetry, and hands it to the GUI thread in batches (at most one
 signal per BATCH_S, so a flood of messages costs a handful of signal emits). Commands from
 the GUI thread arrive through a queue and leave through the one EngineClient; answers come
-back as signals carrying the ticket that request() returned. It asks for status once a
+back as signals carrying the ticket that request() returned. It asks for status twice a
 second, which is also how it tells a live engine from a gone one.
 """
 
@@ -22,8 +22,9 @@ from engine.protocol import ProtocolError, unpack
 
 POLL_MS = 20
 BATCH_S = 0.05
-STATUS_EVERY_S = 1.0
-NO_ANSWER_S = 3.0  # a status unanswered for this long: the engine is gone (reconnecting)
+STATUS_EVERY_S = 0.5
+FULL_STATUS_EVERY_S = 5.0  # config and alerts too; the others are brief
+NO_ANSWER_S = 2.0  # a status unanswered for this long: the engine is gone (reconnecting)
 
 
 class TransportThread(QThread):
@@ -68,7 +69,7 @@ class TransportThread(QThread):
         pending: dict[int, tuple[int, str]] = {}  # message id -> (ticket, op)
         streams: set[int] = set()
         batch: list = []
-        last_flush = last_status = 0.0
+        last_flush = last_status = last_full = 0.0
         status_sent_at: float | None = None
         state = "connecting"
         self.connection.emit(state)
@@ -78,8 +79,10 @@ class TransportThread(QThread):
             while self._running:
                 now = time.monotonic()
                 if now - last_status >= STATUS_EVERY_S and status_sent_at is None:
-                    pending[client.send("status")] = (0, "status")
+                    brief = now - last_full < FULL_STATUS_EVERY_S and state == "connected"
+                    pending[client.send("status", brief=brief)] = (0, "status")
                     last_status = status_sent_at = now
+                    last_full = last_full if brief else now
                 if status_sent_at is not None and now - status_sent_at > NO_ANSWER_S and state != "reconnecting":
                     state = "reconnecting"
                     self.connection.emit(state)

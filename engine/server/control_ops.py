@@ -125,8 +125,10 @@ class ControlOps:
         self._reply(identity, msg, {"pong": time.time()})
 
     def op_status(self, identity: bytes, msg: Message) -> None:
+        """brief: leave out config and alerts (a window polling twice a second)."""
         sup = self.sup
-        self._reply(identity, msg, {
+        brief = field_of(msg, "brief", "bool", default=False)
+        result = {
             "engine": {
                 "version": __version__, "control": sup.control_endpoint, "telemetry": sup.telemetry_endpoint,
                 "bus": sup.bus_endpoint,
@@ -140,8 +142,12 @@ class ControlOps:
             "counters": dict(sup.counters),
             "load": sup.load(),
             "telemetry_seq": dict(sup.telemetry.seq),
-            "alerts": sup.alerts.records(),
-        })
+        }
+        if not brief:
+            result["alerts"] = sup.alerts.records()
+        else:
+            del result["config"]
+        self._reply(identity, msg, result)
 
     def op_ack_alert(self, identity: bytes, msg: Message) -> None:
         ids = [str(i) for i in field_of(msg, "ids", "list", max_len=1000)]

@@ -111,8 +111,8 @@ class EngineState:
 
     def apply_status(self, status: dict) -> set[str]:
         """A status reply: workers, capacity findings, engine facts, config."""
-        self.engine = status.get("engine", {})
-        self.config = status.get("config", {})
+        self.engine = status.get("engine", self.engine)
+        self.config = status.get("config", self.config)  # a brief status leaves it out
         self.workers = [WorkerRow.from_wire(w) for w in status.get("workers", [])]
         self.capacity = list(status.get("capacity", []))
         return {"workers", "capacity", "engine"}

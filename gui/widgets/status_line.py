@@ -90,7 +90,8 @@ class StatusLine(QWidget):
     def refresh(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         self.age_label.setText(age_text(self.state.telemetry_age(now)))
-        stale = self.state.is_stale(now)
+        # stale: no telemetry for a while, or the engine stopped answering its control socket
+        stale = self.state.is_stale(now) or self._connection != "connected"
         self.stale_label.setVisible(stale)
         if stale != self._stale:
             self._stale = stale

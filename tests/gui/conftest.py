@@ -24,10 +24,10 @@ def free_port() -> int:
 def start_server(tmp_path):
     servers = []
 
-    def start(*extra, bind="tcp://127.0.0.1:0", **sections) -> ServerProcess:
+    def start(*extra, bind="tcp://127.0.0.1:0", client_kwargs=None, **sections) -> ServerProcess:
         server = ServerProcess(write_config(tmp_path / f"gui-{len(servers)}.toml", **sections), *extra, bind=bind)
         servers.append(server)
-        server.wait_workers(server.client())
+        server.wait_workers(server.client(**(client_kwargs or {})))
         return server
 
     yield start
@@ -39,10 +39,13 @@ def start_server(tmp_path):
 def open_window(qtbot):
     windows = []
 
-    def open_(endpoint: str, *, readonly: bool = False, telemetry_endpoint: str | None = None) -> MainWindow:
+    def open_(endpoint: str, *, readonly: bool = False, telemetry_endpoint: str | None = None,
+              server_key=None, client_keys=None) -> MainWindow:
         window = MainWindow(readonly=readonly, theme="dark")
         qtbot.addWidget(window)
-        window.attach(TransportThread(endpoint, telemetry_endpoint=telemetry_endpoint), endpoint)
+        transport = TransportThread(endpoint, telemetry_endpoint=telemetry_endpoint, server_key=server_key,
+                                    client_keys=client_keys)
+        window.attach(transport, endpoint)
         window.show()
         qtbot.waitUntil(lambda: window.connection == "connected" and window.state.workers
                         and all(w.state == "ready" for w in window.state.workers), timeout=CONNECT_TIMEOUT_MS)

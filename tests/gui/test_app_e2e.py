@@ -162,7 +162,7 @@ def test_dead_engine_shows_stale_and_a_restarted_one_is_picked_up(start_server, 
     server.kill()
     qtbot.waitUntil(lambda: window.status_line.stale, timeout=10_000)
     stale_after = time.monotonic() - killed
-    assert stale_after < 10  # the issue asks for 3 s; bench/RESULTS.md reports the figure
+    assert stale_after < 10  # generous here (a test does not time); bench/gui_stale.py measures it
     restarted = start_server(bind=bind)
     client = restarted.client()
     qtbot.waitUntil(lambda: window.connection == "connected" and not window.status_line.stale, timeout=60_000)
@@ -171,3 +171,17 @@ def test_dead_engine_shows_stale_and_a_restarted_one_is_picked_up(start_server, 
         qtbot.waitUntil(lambda p=pool: p in window.state.pages.pools and not window.state.pages.stale_pools()
                         and all(np.array_equal(window.state.pages.pools[p].arrays[k], client.page_metadata(p)[k])
                                 for k in PAGE_FIELDS), timeout=30_000)
+
+
+def test_attaching_with_curve_keys(start_server, open_window, tmp_path):
+    from gui.app import load_keys
+    from engine.server.auth import generate_keys
+
+    keys = tmp_path / "keys"
+    generate_keys(keys)
+    server_key, client_keys = load_keys(str(keys / "server.key"), str(keys / "clients" / "client.key"))
+    server = start_server("--curve", "--keys", str(keys),
+                          client_kwargs={"server_key": server_key, "client_keys": client_keys})
+    window = open_window(server.control, server_key=server_key, client_keys=client_keys)
+    assert window.state.engine.get("curve") is True
+    assert {w.name for w in window.state.workers} == {"prefill-0", "decode-0"}
