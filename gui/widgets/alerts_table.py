@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 
-from PySide6.QtCore import QAbstractTableModel, QItemSelection, QItemSelectionModel, QModelIndex, Qt, Signal
+from PySide6.QtCore import QItemSelection, QItemSelectionModel, QModelIndex, Qt, Signal
 from PySide6.QtGui import QAction, QFont
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QMenu,
                                QPushButton, QTableView, QVBoxLayout, QWidget)
 
 from gui import theme
+from gui.widgets.row_table_model import RowTableModel
 from gui.model.engine_state import AlertRow, EngineState
 
 COLUMNS = ("Last seen", "Severity", "Kind", "Requests", "Pages", "Detail", "State", "Ack")
@@ -63,21 +64,12 @@ def acknowledge_enabled(rows: list[AlertRow], readonly: bool) -> bool:
     return not readonly and any(not row.acked for row in rows)
 
 
-class AlertsModel(QAbstractTableModel):
+class AlertsModel(RowTableModel):
+    columns = tuple(COLUMNS)
+
     def __init__(self, parent=None):
         super().__init__(parent)
         self.rows: list[AlertRow] = []
-
-    def rowCount(self, parent=QModelIndex()) -> int:
-        return 0 if parent.isValid() else len(self.rows)
-
-    def columnCount(self, parent=QModelIndex()) -> int:
-        return 0 if parent.isValid() else len(COLUMNS)
-
-    def headerData(self, section, orientation, role=Qt.DisplayRole):
-        if orientation == Qt.Horizontal and role == Qt.DisplayRole:
-            return COLUMNS[section]
-        return None
 
     def data(self, index, role=Qt.DisplayRole):
         if not index.isValid():

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import itertools
 
-from PySide6.QtCore import QAbstractTableModel, QItemSelectionModel, QModelIndex, Qt, Signal
+from PySide6.QtCore import QItemSelectionModel, QModelIndex, Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QTableView,
                                QVBoxLayout, QWidget)
 
 from gui import theme
+from gui.widgets.row_table_model import RowTableModel
 from gui.model.engine_state import EngineState, RequestRow
 
 COLUMNS = ("Request", "Tenant", "Prompt", "Phase", "Pages", "TTFT ms", "Tokens")
@@ -41,22 +42,13 @@ _CELLS = (
 )
 
 
-class RequestsModel(QAbstractTableModel):
+class RequestsModel(RowTableModel):
+    columns = tuple(COLUMNS)
+
     def __init__(self, parent=None):
         super().__init__(parent)
         self.rows: list[RequestRow] = []
         self._stamps: list[float] = []  # row.updated at the last refresh
-
-    def rowCount(self, parent=QModelIndex()) -> int:
-        return 0 if parent.isValid() else len(self.rows)
-
-    def columnCount(self, parent=QModelIndex()) -> int:
-        return 0 if parent.isValid() else len(COLUMNS)
-
-    def headerData(self, section, orientation, role=Qt.DisplayRole):
-        if orientation == Qt.Horizontal and role == Qt.DisplayRole:
-            return COLUMNS[section]
-        return None
 
     def data(self, index, role=Qt.DisplayRole):
         if not index.isValid():

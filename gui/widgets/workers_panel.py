@@ -7,12 +7,13 @@ in-flight requests, so they ask first.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QApplication, QHBoxLayout, QHeaderView, QMessageBox,
                                QPushButton, QStyle, QStyledItemDelegate, QStyleOptionProgressBar, QTableView,
                                QVBoxLayout, QWidget)
 
 from gui import theme
+from gui.widgets.row_table_model import RowTableModel
 from gui.model.engine_state import EngineState, WorkerRow
 
 COLUMNS = ("Worker", "Role", "State", "PID", "Device", "Pool usage")
@@ -41,21 +42,12 @@ def usage_text(worker: WorkerRow) -> str:
     return f"{worker.used_pages or 0:,}/{worker.pages:,}"
 
 
-class WorkersModel(QAbstractTableModel):
+class WorkersModel(RowTableModel):
+    columns = tuple(COLUMNS)
+
     def __init__(self, parent=None):
         super().__init__(parent)
         self.rows: list[WorkerRow] = []
-
-    def rowCount(self, parent=QModelIndex()) -> int:
-        return 0 if parent.isValid() else len(self.rows)
-
-    def columnCount(self, parent=QModelIndex()) -> int:
-        return 0 if parent.isValid() else len(COLUMNS)
-
-    def headerData(self, section, orientation, role=Qt.DisplayRole):
-        if orientation == Qt.Horizontal and role == Qt.DisplayRole:
-            return COLUMNS[section]
-        return None
 
     def data(self, index, role=Qt.DisplayRole):
         if not index.isValid():

@@ -4,8 +4,6 @@ inert read-only), a dead engine shows as stale and a restarted one is picked up 
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import numpy as np

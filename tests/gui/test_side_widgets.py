@@ -340,7 +340,7 @@ def test_status_line_reports_age_and_stale_transitions(qtbot):
     changes = []
     line.stale_changed.connect(changes.append)
     line.set_endpoint("tcp://gpu-box:5555")
-    line.set_connection("reconnecting")
+    line.set_connection("connected")
     send(state, "workers", at=100.0, workers=[])
     line.refresh(now=100.4)
     assert line.age_label.text() == "telemetry 0.4 s ago" and not line.stale
@@ -348,6 +348,13 @@ def test_status_line_reports_age_and_stale_transitions(qtbot):
     line.refresh(now=110.0)
     line.refresh(now=111.0)
     assert line.stale and not line.stale_label.isHidden() and changes == [False, True]
+    # fresh telemetry, but the engine stopped answering its control socket: stale too
+    send(state, "workers", at=111.0, workers=[])
+    line.refresh(now=111.1)
+    assert not line.stale
+    line.set_connection("reconnecting")
+    line.refresh(now=111.2)
+    assert line.stale and changes == [False, True, False, True]
 
 
 @pytest.fixture
