@@ -39,7 +39,7 @@ def prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
 
 def ours(model, batch: list[list[int]], new: int, check: bool) -> float:
     config = EngineConfig().replace(
-        model={"device": "cpu"}, engine={"check_writer_tags": check, "max_batch": 64, "kernels": "torch"}
+        model={"device": "cpu"}, engine={"max_batch": 64, "kernels": "torch"}, defences={"writer_tag_check": check}
     )
     engine = Engine(config, model)
     start = time.perf_counter()

@@ -76,12 +76,20 @@ class PagedDecodeAttention:
 
     def __init__(
         self, pool, kernels: KernelSet, *, block_table, expected_tags, seq_lens,
-        slot_mapping, writer_tags, check_tags: bool,
+        slot_mapping, writer_tags, check_tags: bool, mask_foreign: bool = True, want_mask: bool = False,
     ):
+        """check_tags: count pages that fail I1 (the detector). mask_foreign: also keep them
+        out of attention (the defence). want_mask: keep which tokens were attended
+        (`attended`, [B, T] bool) for the provenance audit."""
         self.pool, self.kernels = pool, kernels
         self.kv = KVWriter(pool, kernels, slot_mapping, writer_tags)
         self.block_table, self.expected_tags, self.seq_lens = block_table, expected_tags, seq_lens
         self.check_tags = check_tags
+        self.mask_foreign = mask_foreign
+        self.want_mask = want_mask
+        self.attended = None
+        self._counted = None
+        self._kernel_violations = torch.zeros(len(seq_lens), dtype=torch.int32, device=pool.device)
         self.violations = torch.zeros(len(seq_lens), dtype=torch.int32, device=pool.device)
         self.out: torch.Tensor | None = None
         self.plan = None
@@ -96,14 +104,26 @@ class PagedDecodeAttention:
             if self.plan is None:  # after the first layer's store: tags and fills are final
                 self.plan = kernels.plan_decode(
                     self.block_table, self.expected_tags, self.seq_lens, pool.writer, pool.filled,
-                    pool.page_size, self.check_tags,
+                    pool.page_size, self.check_tags, self.mask_foreign,
                 )
                 self.violations = self.plan.violations
+                if self.want_mask:
+                    self.attended = ~self.plan.blocked[:, :, 0, 0]
             return kernels.attend_planned(q, k_cache, v_cache, self.plan, scale=scale, out=self.out)
+        if layer == 0 and (self.want_mask or (self.check_tags and not self.mask_foreign)):
+            # the kernel either masks and counts or does neither: count (and see) separately
+            from kernels.paged_attention_ref import plan_decode
+
+            plan = plan_decode(self.block_table, self.expected_tags, self.seq_lens, pool.writer, pool.filled,
+                               pool.page_size, self.check_tags, self.mask_foreign)
+            self.attended = ~plan.blocked[:, :, 0, 0]
+            self._counted = plan.violations
         # Every layer sees the same tags, so each call recounts the same violations.
-        out, _ = kernels.paged_decode_attention(
+        masking = self.check_tags and self.mask_foreign
+        out, counted = kernels.paged_decode_attention(
             q, k_cache, v_cache, self.block_table, self.expected_tags, self.seq_lens,
-            pool.writer, pool.filled, scale=scale, check_tags=self.check_tags,
-            out=self.out, violations=self.violations,
+            pool.writer, pool.filled, scale=scale, check_tags=masking,
+            out=self.out, violations=self._kernel_violations,
         )
+        self.violations = self._counted if self._counted is not None else counted
         return out

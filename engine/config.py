@@ -21,6 +21,7 @@ DEFAULT_CONFIG_PATH = REPO_ROOT / "resources" / "configs" / "default.toml"
 POOL_NAMES = ("prefill", "decode")
 SCRUB_POLICIES = ("zero", "poison", "none")
 KERNEL_CHOICES = ("auto", "triton", "torch")
+OWNERSHIP_POLICIES = ("abort", "report_only")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 MAX_TOKENS = 1 << 31  # page tables and kernels index tokens with int32
 
@@ -43,8 +44,45 @@ class EngineSection:
     max_prefill_tokens: int = 4096
     scrub_policy: str = "zero"
     kernels: str = "auto"
-    check_writer_tags: bool = True
     strict_capacity: bool = False
+    ownership_policy: str = "abort"  # abort | report_only (for measurement)
+
+
+@dataclass(frozen=True)
+class DefencesSection:
+    """The isolation defences. Turning one off needs --allow-faults: it exists to show,
+    one at a time, what the others catch."""
+
+    admission: bool = True  # I2: refuse what cannot fit, before any allocation
+    manifest_check: bool = True  # I3: a transfer must match its reservation
+    writer_tag_check: bool = True  # I1: pages read or written must be the request's own
+    deferred_release: bool = True  # I4: in-flight pages are held until the transfer ends
+    scrub: bool = True  # I5: freed pages are scrubbed per scrub_policy
+
+
+@dataclass(frozen=True)
+class FaultsSection:
+    """Injected bugs (only with --allow-faults): each breaks one defence's assumption."""
+
+    placeholder_on_reject: bool = False  # the incident: a rejected request becomes a 1-token placeholder
+    skip_scrub: bool = False  # freed pages keep their data
+    early_release: bool = False  # decode frees reserved pages before their transfer arrives
+    short_transfer: bool = False  # prefill sends fewer pages than its manifest says
+    stale_block_table: bool = False  # a page-table entry keeps a page freed by another request
+
+
+@dataclass(frozen=True)
+class CanariesSection:
+    enabled: bool = True
+    per_minute: int = 3  # canary requests the supervisor sends on its own
+    marker_chars: int = 32  # length of each canary's random marker
+
+
+@dataclass(frozen=True)
+class AuditSection:
+    # Per-token content owner beside every pool: what incident scoping and the reproduction
+    # ground truth are computed from.
+    provenance: bool = True
 
 
 @dataclass(frozen=True)
@@ -67,6 +105,10 @@ class EngineConfig:
     model: ModelSection = field(default_factory=ModelSection)
     engine: EngineSection = field(default_factory=EngineSection)
     workers: WorkersSection = field(default_factory=WorkersSection)
+    defences: DefencesSection = field(default_factory=DefencesSection)
+    faults: FaultsSection = field(default_factory=FaultsSection)
+    canaries: CanariesSection = field(default_factory=CanariesSection)
+    audit: AuditSection = field(default_factory=AuditSection)
     pools: dict[str, PoolConfig] = field(
         default_factory=lambda: {n: PoolConfig(n, 4096) for n in POOL_NAMES}
     )
@@ -78,8 +120,18 @@ class EngineConfig:
             "model": dataclasses.asdict(self.model),
             "engine": dataclasses.asdict(self.engine),
             "workers": dataclasses.asdict(self.workers),
+            "defences": dataclasses.asdict(self.defences),
+            "faults": dataclasses.asdict(self.faults),
+            "canaries": dataclasses.asdict(self.canaries),
+            "audit": dataclasses.asdict(self.audit),
             "pools": {n: {"pages": p.pages} for n, p in self.pools.items()},
         }
+
+    def dangerous(self) -> list[str]:
+        """Defences turned off and faults turned on: what needs --allow-faults."""
+        off = [f"defences.{k} = false" for k, v in dataclasses.asdict(self.defences).items() if not v]
+        on = [f"faults.{k} = true" for k, v in dataclasses.asdict(self.faults).items() if v]
+        return off + on
 
     def replace(self, **sections: dict[str, Any]) -> "EngineConfig":
         """A validated copy with some keys changed, e.g. replace(engine={"page_size": 32})."""
@@ -87,6 +139,8 @@ class EngineConfig:
         for name, values in sections.items():
             if name not in merged:
                 raise ConfigError(f"unknown section '{name}' (known: {', '.join(merged)})")
+            if not isinstance(values, dict):
+                raise ConfigError(f"section '{name}' must be a table, got {values!r}")
             if name == "pools":
                 for pool, pool_values in values.items():
                     merged["pools"].setdefault(pool, {}).update(pool_values)
@@ -120,13 +174,16 @@ def config_from_dict(data: dict[str, Any], *, source: str = "<dict>") -> EngineC
     """Validate a TOML-shaped dict. Raises ConfigError naming the key and the limit."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: config must be a table, got {type(data).__name__}")
-    _no_unknown(data, {"model", "engine", "workers", "pools"}, "", source)
+    _no_unknown(data, {"model", "engine", "workers", "defences", "faults", "canaries", "audit", "pools"}, "", source)
     model = _section(data, "model", ModelSection, source)
     engine = _section(data, "engine", EngineSection, source)
     workers = _section(data, "workers", WorkersSection, source)
+    extra = {name: _section(data, name, cls, source) for name, cls in (
+        ("defences", DefencesSection), ("faults", FaultsSection), ("canaries", CanariesSection),
+        ("audit", AuditSection))}
     pools = _pools(data.get("pools", {n: {"pages": 4096} for n in POOL_NAMES}), source)
     _check_choices(model, engine, source)
-    return EngineConfig(model=model, engine=engine, workers=workers, pools=pools, source=source)
+    return EngineConfig(model=model, engine=engine, workers=workers, pools=pools, source=source, **extra)
 
 
 # ---- validation helpers -------------------------------------------------------------
@@ -139,6 +196,8 @@ _RANGES = {
     "pages": (1, (1 << 31) - 1),
     "prefill": (1, 64),
     "decode": (1, 64),
+    "per_minute": (0, 600),
+    "marker_chars": (8, 128),
 }
 
 
@@ -204,6 +263,7 @@ def _check_choices(model: ModelSection, engine: EngineSection, source: str) -> N
         ("model.dtype", model.dtype, DTYPES),
         ("engine.scrub_policy", engine.scrub_policy, SCRUB_POLICIES),
         ("engine.kernels", engine.kernels, KERNEL_CHOICES),
+        ("engine.ownership_policy", engine.ownership_policy, OWNERSHIP_POLICIES),
     ]
     for key, value, allowed in choices:
         if value not in allowed:

@@ -37,6 +37,7 @@ class EngineCounters:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     ownership_violations: int = 0
+    cross_reads: int = 0
     steps: int = 0
     isolation_events: list[dict] = field(default_factory=list)
 
@@ -74,9 +75,11 @@ class Engine:
         self.pool = PagePool(
             pool_name or pool, config.pools[pool].pages, layout, device=self.model.device,
             scrub_policy=eng.scrub_policy, scrub_fn=self.kernels.scrub_pages,
+            provenance=config.audit.provenance,
         )
+        self.pool.scrub_enabled = config.defences.scrub and not config.faults.skip_scrub
         self.runner = ModelRunner(
-            self.model.decoder, self.pool, self.kernels, check_writer_tags=eng.check_writer_tags
+            self.model.decoder, self.pool, self.kernels, check_writer_tags=config.defences.writer_tag_check
         )
         self.scheduler = Scheduler(self.pool, max_batch=eng.max_batch, max_prefill_tokens=eng.max_prefill_tokens)
         self.counters = EngineCounters()
@@ -84,6 +87,7 @@ class Engine:
         self._slots = itertools.count(1)
         self._generators: dict[str, torch.Generator] = {}
         self._stop_ids = set(cfg.eos_token_ids)
+        self.events: list[dict] = []
 
     # ---- requests -------------------------------------------------------------------
     def submit(
@@ -159,15 +163,21 @@ class Engine:
             result = self.runner.decode(plan.decode)
             tokens = sample_next(result.logits, plan.decode, self._generators)
             clean, clean_tokens = [], []
-            for req, tok, masked in zip(plan.decode, tokens, result.violations):
+            prevent = self.runner.check_writer_tags and self.config.engine.ownership_policy == "abort"
+            for row, (req, tok) in enumerate(zip(plan.decode, tokens)):
+                masked, foreign = int(result.violations[row]), result.not_owned[row]
                 position = req.num_tokens - 1
-                if position % self.pool.page_size == 0:
-                    page = req.page_table.pages[position // self.pool.page_size]
+                page = req.page_table.pages[position // self.pool.page_size]
+                if position % self.pool.page_size == 0 and self.pool.owner[page] == req.slot:
                     self.pool.set_state(req.slot, [page], PageState.WRITTEN)
-                if masked:
+                if len(result.cross_reads[row]):
+                    self._record_cross_reads(req, result.cross_reads[row])
+                if masked and prevent:
                     # I1: never emit a token computed with pages this request does not own.
-                    self._fail_ownership(req, int(masked), outputs)
+                    self._fail_ownership(req, masked, outputs, foreign)
                 else:
+                    if masked:  # the detector saw it; the defence is off or only reporting
+                        self._report_ownership(req, masked, foreign, prevented=False)
                     clean.append(req)
                     clean_tokens.append(tok)
             self.counters.decode_tokens += len(clean)
@@ -217,11 +227,32 @@ class Engine:
         else:
             self.counters.failed += 1
 
-    def _fail_ownership(self, req: Request, masked: int, outputs: list[RequestOutput]) -> None:
-        pages = self.ownership_report(req)
+    def take_events(self) -> list[dict]:
+        """Isolation events since the last call (detections and, with provenance, the
+        cross-request reads that really happened); the worker forwards them."""
+        events, self.events = self.events, []
+        return events
+
+    def _record_cross_reads(self, req: Request, reads) -> None:
+        self.counters.cross_reads += len(reads)
+        self.events.append({"kind": "cross_read", "request": req.request_id, "slot": req.slot,
+                            "pool": self.pool.name, "reads": [[int(p), int(s)] for p, s in reads],
+                            "time": time.time()})
+
+    def _report_ownership(self, req: Request, masked: int, foreign, *, prevented: bool) -> list[dict]:
+        pages = self.ownership_report(req, foreign)
+        self.counters.ownership_violations += masked
+        event = {"kind": "ownership_violation", "request": req.request_id, "slot": req.slot,
+                 "pool": self.pool.name, "pages": pages, "prevented": prevented, "time": time.time()}
+        self.counters.isolation_events.append(event)
+        self.events.append(event)
+        return pages
+
+    def _fail_ownership(self, req: Request, masked: int, outputs: list[RequestOutput], foreign=()) -> None:
+        pages = self._report_ownership(req, masked, foreign, prevented=True)
         own = [p["page"] for p in pages if p["owner"] == req.slot]
         if own:
-            self.pool.set_state(req.slot, own, PageState.QUARANTINED)
+            self.pool.set_state(req.slot, own, PageState.QUARANTINED)  # scrubbed when freed
         first = pages[0] if pages else {"page": "?", "writer": None, "expected": None}
         error = OwnershipViolation(
             f"request {req.request_id} (slot {req.slot}) met {masked} page(s) it does not own "
@@ -230,15 +261,12 @@ class Engine:
             f"request aborted before the token reached the client",
             pages=pages,
         )
-        self.counters.ownership_violations += masked
-        self.counters.isolation_events.append(
-            {"kind": "ownership_violation", "request": req.request_id, "slot": req.slot, "pages": pages}
-        )
         self._finish(req, RequestState.FAILED, error.code, error)
         outputs.append(RequestOutput(req.request_id, [], True, error.code, error))
 
-    def ownership_report(self, req: Request) -> list[dict]:
-        """The pages of `req`'s context whose writer tag or fill level fails I1."""
+    def ownership_report(self, req: Request, foreign=()) -> list[dict]:
+        """The pages of `req`'s context whose writer tag or fill level fails I1, and those of
+        `foreign` (its table's pages the pool says are not its own)."""
         table, ps = req.page_table, self.pool.page_size
         seq_len = req.num_tokens
         n = self.pool.pages_for_tokens(seq_len)
@@ -247,11 +275,12 @@ class Engine:
         filled = self.pool.filled[torch.from_numpy(pages.astype(np.int64)).to(self.pool.device)].cpu().numpy()
         expected = table.expected_tags()[:n]
         report = []
+        foreign = set(int(p) for p in foreign)
         for j, page in enumerate(pages):
             needed = min(ps, seq_len - j * ps)
-            if writer[j] != expected[j] or filled[j] < needed:
+            if writer[j] != expected[j] or filled[j] < needed or int(page) in foreign:
                 report.append({
-                    "page": int(page), "owner": int(self.pool.owner[page]),
+                    "page": int(page), "owner": int(self.pool.owner[page]), "epoch": int(self.pool.epoch[page]),
                     "writer": unpack_tag(int(writer[j])), "expected": unpack_tag(int(expected[j])),
                     "filled": int(filled[j]), "needed": int(needed),
                 })

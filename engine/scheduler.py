@@ -35,6 +35,7 @@ class Scheduler:
         self.max_prefill_tokens = max_prefill_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.stray_pages = 0  # table entries found not owned at release (reported, never freed)
 
     @property
     def has_work(self) -> bool:
@@ -71,5 +72,6 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         if request.page_table is not None:
-            self.pool.free(request.slot, request.page_table.pages)
+            # a stale table may name pages that are no longer this request's: free only its own
+            self.stray_pages += len(self.pool.release(request.slot, request.page_table.pages))
             request.page_table = None

@@ -64,10 +64,11 @@ class DecodePlan:
 
 
 def plan_decode(block_table, expected_tags, seq_lens, writer, filled, page_size: int,
-                check_tags: bool = True) -> DecodePlan:
+                check_tags: bool = True, mask_foreign: bool = True) -> DecodePlan:
     """Resolve pages, the I1 mask and the violation counts for one decode step.
 
-    Raises ValueError when a seq_len needs more pages than block_table holds.
+    mask_foreign=False counts violations without masking them (the defence off, the
+    detector on). Raises ValueError when a seq_len needs more pages than block_table holds.
     """
     batch = block_table.shape[0]
     max_len = int(seq_lens.max()) if batch else 0
@@ -87,7 +88,7 @@ def plan_decode(block_table, expected_tags, seq_lens, writer, filled, page_size:
         # a page is readable up to `filled` if its writer is the reader, else not at all
         readable = torch.where(writer[pages] == expected_tags, filled[pages].to(torch.int64), 0)
         violations = (readable < needed).sum(dim=1, dtype=torch.int32)
-        limit = torch.minimum(needed, readable)
+        limit = torch.minimum(needed, readable) if mask_foreign else needed
     else:
         violations = torch.zeros(batch, dtype=torch.int32, device=device)
         limit = needed

@@ -42,11 +42,13 @@ def make_engine(tiny_model):
     from engine.config import EngineConfig
     from engine.runner import Engine
 
-    def make(*, prefill_pages: int = 256, decode_pages: int = 256, **engine_keys) -> Engine:
+    def make(*, prefill_pages: int = 256, decode_pages: int = 256, defences=None, faults=None,
+             **engine_keys) -> Engine:
         config = EngineConfig().replace(
             model={"device": "cpu", "dtype": "float32"},
             engine={"kernels": "torch", **engine_keys},
             pools={"prefill": {"pages": prefill_pages}, "decode": {"pages": decode_pages}},
+            defences=defences or {}, faults=faults or {},
         )
         return Engine(config, tiny_model)
 

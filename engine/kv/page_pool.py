@@ -59,8 +59,11 @@ class PagePool:
         device: torch.device | str = "cpu",
         scrub_policy: str = "zero",
         scrub_fn=None,
+        provenance: bool = False,
     ):
-        """scrub_fn(data, pages_tensor, value) fills whole pages (kernels.scrub_pages)."""
+        """scrub_fn(data, pages_tensor, value) fills whole pages (kernels.scrub_pages).
+        provenance: keep, beside the data, which request slot's content sits in each token
+        slot (-1: nothing, or scrubbed) — the ground truth of what a read really received."""
         if num_pages < 1:
             raise ConfigError(f"pool {name!r}: pages = {num_pages} must be at least 1")
         if scrub_policy not in (*SCRUB_VALUES, "none"):
@@ -86,6 +89,8 @@ class PagePool:
         self._free_stack = np.arange(num_pages - 1, -1, -1, dtype=np.int32)
         self._free_top = num_pages
         self.scrubbed_pages = 0
+        self.scrub_enabled = True  # the I5 defence switch (and the skip_scrub fault) turn it off
+        self.provenance = np.full((num_pages, layout.page_size), -1, dtype=np.int32) if provenance else None
         # Pages whose metadata changed since the last take_dirty(), for telemetry deltas.
         # Off unless someone watches: then every metadata change appends its pages here.
         self.track_dirty = False
@@ -154,6 +159,21 @@ class PagePool:
         self._free_stack[top : top + len(pages)] = pages[::-1]
         self._free_top = top + len(pages)
         self.mark_dirty(pages)
+
+    def release(self, slot: int, pages) -> np.ndarray:
+        """Free those of `pages` that `slot` still owns; return the ones it does not (a page
+        table that went stale must not crash the worker, and must be reported)."""
+        pages = np.asarray(pages, dtype=np.int64).reshape(-1)
+        pages = pages[(pages >= 0) & (pages < self.num_pages)]
+        pages = np.unique(pages)
+        mine = self.owner[pages] == slot
+        self.free(slot, pages[mine])
+        return pages[~mine].astype(np.int32)
+
+    def record_content(self, flat_slots: np.ndarray, writer_slots: np.ndarray) -> None:
+        """Provenance: the token slots (page * page_size + offset) now hold `writer_slots`' data."""
+        if self.provenance is not None and len(flat_slots):
+            self.provenance.reshape(-1)[np.asarray(flat_slots, dtype=np.int64)] = writer_slots
 
     def set_state(self, slot: int, pages, state: PageState) -> None:
         """Move `slot`'s own pages to RESERVED / IN_FLIGHT / WRITTEN / QUARANTINED."""
@@ -225,6 +245,8 @@ class PagePool:
     def _scrub(self, pages: np.ndarray) -> None:
         quarantined = self.state[pages] == PageState.QUARANTINED
         policy = self.scrub_policy
+        if not self.scrub_enabled:
+            policy = "none"
         if policy == "none":
             # Measuring the cost of not scrubbing is allowed; leaving tainted pages is not.
             pages = pages[quarantined]
@@ -232,6 +254,8 @@ class PagePool:
         if len(pages):
             self._scrub_fn(self.data, self._index(pages), SCRUB_VALUES[policy])
             self.scrubbed_pages += len(pages)
+            if self.provenance is not None:
+                self.provenance[pages] = -1
 
 
 def _check_slot(slot: int) -> None:

@@ -118,8 +118,8 @@ class WorkerLoop:
     def configure(self, changes: dict) -> None:
         """Live settings: applied between steps without restarting."""
         engine = self.engine
-        if "check_writer_tags" in changes:
-            engine.runner.check_writer_tags = bool(changes["check_writer_tags"])
+        if "writer_tag_check" in changes.get("defences", {}):
+            engine.runner.check_writer_tags = bool(changes["defences"]["writer_tag_check"])
         if "scrub_policy" in changes:
             engine.pool.scrub_policy = str(changes["scrub_policy"])
         if "max_batch" in changes:

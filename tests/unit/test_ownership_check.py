@@ -65,14 +65,52 @@ def test_underfilled_page_is_a_violation(make_engine):
     assert a.error.pages[0] == {**a.error.pages[0], "page": page, "filled": 3, "needed": 16}
 
 
-def test_with_the_check_off_the_same_fault_goes_unnoticed(make_engine):
-    engine = make_engine(check_writer_tags=False)
+def test_with_the_defence_off_the_detector_still_reports_and_the_read_happens(make_engine):
+    engine = make_engine(defences={"writer_tag_check": False})
     a, b = _start_two(engine)
     page = int(a.page_table.pages[1])
     _misdirected_write(engine, page, by_slot=b.slot, epoch=int(engine.pool.epoch[page]))
+    engine.pool.record_content(np.arange(page * 16, page * 16 + 1), np.array([b.slot]))  # b's data there now
+    engine.step()
+    events = engine.take_events()
+    detections = [e for e in events if e["kind"] == "ownership_violation"]
+    reads = [e for e in events if e["kind"] == "cross_read"]
+    assert detections and detections[0]["request"] == "a" and detections[0]["prevented"] is False
+    assert reads and reads[0]["request"] == "a" and [page, b.slot] in reads[0]["reads"]  # ground truth
     engine.run_until_idle()
-    assert a.state == RequestState.FINISHED and a.error is None
-    assert engine.counters.ownership_violations == 0
+    assert a.state == RequestState.FINISHED and a.error is None  # not prevented
+
+
+def test_with_the_defence_on_the_same_fault_reads_nothing(make_engine):
+    engine = make_engine()
+    a, b = _start_two(engine)
+    page = int(a.page_table.pages[1])
+    _misdirected_write(engine, page, by_slot=b.slot, epoch=int(engine.pool.epoch[page]))
+    engine.pool.record_content(np.arange(page * 16, page * 16 + 1), np.array([b.slot]))
+    engine.step()
+    events = engine.take_events()
+    assert [e["kind"] for e in events] == ["ownership_violation"] and events[0]["prevented"] is True
+    assert engine.counters.cross_reads == 0
+
+
+def test_a_stale_page_table_entry_is_refused_for_reads_and_writes(make_engine):
+    engine = make_engine(page_size=16)
+    a = engine.submit([256] * 20, SamplingParams(max_new_tokens=30, ignore_eos=True), request_id="a")
+    engine.step()
+    b = engine.submit([256] * 5, SamplingParams(max_new_tokens=8, ignore_eos=True), request_id="b")
+    engine.step()  # b prefilled
+    stolen = int(b.page_table.pages[0])
+    # a's table goes stale: its second page now points at b's page
+    a.page_table.pages[1] = stolen
+    engine.runner._tables_key = None
+    engine.step()
+    assert isinstance(a.error, OwnershipViolation)
+    assert any(p["page"] == stolen and p["owner"] == b.slot for p in a.error.pages)
+    assert a.slot not in engine.pool.provenance[stolen]  # a never wrote into b's page
+    assert int(engine.pool.writer[stolen]) >> 32 == b.slot
+    assert engine.scheduler.stray_pages == 1  # a's release left b's page alone
+    engine.run_until_idle()
+    assert b.state == RequestState.FINISHED
 
 
 def test_pages_become_written_as_tokens_land(make_engine):
