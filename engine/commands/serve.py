@@ -20,6 +20,8 @@ def register(sub) -> None:
     serve.add_argument("--telemetry-bind", help="telemetry endpoint (default: control port + 1)")
     serve.add_argument("--curve", action="store_true", help="require CurveZMQ with a client-key allowlist")
     serve.add_argument("--keys", help="key directory for --curve (from `keys generate`)")
+    serve.add_argument("--allow-faults", action="store_true",
+                       help="allow turning defences off and faults on (reproducing incidents; never in production)")
     serve.add_argument("--json", action="store_true", help="print a JSON line with the endpoints when ready")
     serve.set_defaults(func=cmd_serve)
 
@@ -39,7 +41,8 @@ def cmd_serve(args) -> int:
             if not args.keys:
                 raise ValueError("--curve needs --keys DIR (create one with `python main.py keys generate DIR`)")
             curve = CurveServer(zmq.Context(), args.keys)
-        supervisor = Supervisor(config, bind=args.bind, telemetry_bind=args.telemetry_bind, curve=curve)
+        supervisor = Supervisor(config, bind=args.bind, telemetry_bind=args.telemetry_bind, curve=curve,
+                                allow_faults=args.allow_faults)
     except (PageWardenError, ValueError, FileNotFoundError, OSError) as exc:
         if curve is not None:
             curve.stop()

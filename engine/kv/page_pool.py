@@ -113,6 +113,12 @@ class PagePool:
     def used_pages(self) -> int:
         return self.num_pages - self._free_top
 
+    def peek_free(self) -> int:
+        """The page the next allocate() hands out first (fault injection uses it)."""
+        if not self._free_top:
+            raise PoolExhausted(f"pool {self.name!r} has no free page")
+        return int(self._free_stack[self._free_top - 1])
+
     def pages_for_tokens(self, tokens: int) -> int:
         return -(-tokens // self.layout.page_size)
 

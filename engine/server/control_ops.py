@@ -7,15 +7,16 @@ import time
 from engine import __version__
 from engine.admission import check_admission, check_prompt_ids
 from engine.capacity import check_capacity, exceeding
-from engine.errors import ConfigError, InvalidRequest, PageWardenError
+from engine.errors import AdmissionRejected, ConfigError, InvalidRequest, PageWardenError
 from engine.protocol import CLIENT_OPS, Message, ProtocolError, field_of, pack, reply
 from engine.request import SamplingParams
 from engine.server.request_record import Phase, RequestRecord
+from engine.server.supervisor import check_faults_allowed
 from engine.server.worker_handle import WorkerState
 
 MAX_PROMPT_TOKENS = 1 << 21
 # Settings a worker applies between steps; anything else in [engine] or [pools] restarts it.
-LIVE_ENGINE_KEYS = {"check_writer_tags", "scrub_policy", "max_batch"}
+LIVE_ENGINE_KEYS = {"scrub_policy", "max_batch", "ownership_policy"}
 SUPERVISOR_ENGINE_KEYS = {"context_window", "max_batch", "strict_capacity"}
 
 
@@ -40,6 +41,7 @@ class ControlOps:
         sup = self.sup
         slot = next(sup.slots)
         request_id = field_of(msg, "request_id", "str", default=f"r{slot}", max_len=128)
+        placeholder = False
         try:
             params = self._params(msg)
             prompt = self._prompt(msg, request_id)
@@ -47,29 +49,62 @@ class ControlOps:
             if existing is not None and not existing.done:
                 raise InvalidRequest(f"request id {request_id!r} is already in use")
             SamplingParams(**{k: v for k, v in params.items() if k != "stream"}).validate(request_id)
-            check_admission(
-                request_id, len(prompt), params["max_new_tokens"],
-                context_window=sup.config.engine.context_window,
-                pool_capacity_tokens={n: p.capacity_tokens(sup.config.engine.page_size)
-                                      for n, p in sup.config.pools.items()},
-            )
+            placeholder = self._admit(request_id, len(prompt), params["max_new_tokens"])
         except (PageWardenError, ProtocolError) as exc:
             sup.counters["rejected"] += 1
             sup.audit.record(request_id, "rejected", code=exc.code, message=str(exc))
             if exc.code == "admission_rejected":
-                sup.alert("admission_rejected", "info", str(exc), subject=exc.limit_name, requests=[request_id])
+                sup.alert("admission_rejected", "info", str(exc), subject=exc.limit_name, requests=[request_id],
+                          prevented=True)
             sup.to_client(identity, pack({"op": "error", "id": msg.get("id"), "request_id": request_id,
                                           "error": exc.to_wire()}))
             return
-        rec = RequestRecord(request_id, slot, field_of(msg, "tenant", "str", default="default", max_len=64),
-                            prompt, params, identity, msg.get("id"))
+        tenant = field_of(msg, "tenant", "str", default="default", max_len=64)
+        tier = field_of(msg, "data_tier", "str", default=None, max_len=64)
+        rec = self.accept(request_id, slot, prompt, params, tenant, identity, msg.get("id"), data_tier=tier)
+        rec.placeholder = placeholder
+
+    def accept(self, request_id: str, slot: int, prompt: list[int], params: dict, tenant: str,
+               identity: bytes | None, msg_id, *, data_tier: str | None = None) -> RequestRecord:
+        """Queue an admitted request, log it (never its text) and tell its client."""
+        sup = self.sup
+        rec = RequestRecord(request_id, slot, tenant, prompt, params, identity, msg_id)
         sup.requests[request_id] = rec
+        sup.slot_requests[slot] = request_id
         sup.queue.append(request_id)
         sup.counters["admitted"] += 1
         sup.audit.record(request_id, "admitted", slot=slot, prompt_len=len(prompt), prompt_hash=rec.prompt_hash,
-                         max_new_tokens=params["max_new_tokens"], tenant=rec.tenant)
-        sup.to_client(identity, pack({"op": "accepted", "id": msg.get("id"), "request_id": request_id, "slot": slot}))
+                         max_new_tokens=params["max_new_tokens"], tenant=tenant, data_tier=data_tier,
+                         model=str(sup.config.model.resolved_path().name))
+        sup.prompt_log.append({"request_id": request_id, "time": time.time(), "tenant": tenant,
+                               "model": str(sup.config.model.resolved_path().name), "prompt_len": len(prompt),
+                               "prompt_hash": rec.prompt_hash, "data_tier": data_tier})
+        if identity is not None:
+            sup.to_client(identity, pack({"op": "accepted", "id": msg_id, "request_id": request_id, "slot": slot}))
         sup.publish_request(rec)
+        return rec
+
+    def _admit(self, request_id: str, prompt_len: int, max_new: int) -> bool:
+        """I2. Returns True when the placeholder_on_reject fault turned a rejection into a
+        placeholder. With the admission defence off the check still runs, and reports."""
+        sup = self.sup
+        try:
+            check_admission(
+                request_id, prompt_len, max_new, context_window=sup.config.engine.context_window,
+                pool_capacity_tokens={n: p.capacity_tokens(sup.config.engine.page_size)
+                                      for n, p in sup.config.pools.items()},
+            )
+        except AdmissionRejected as exc:
+            if sup.config.faults.placeholder_on_reject:
+                sup.alert("admission_rejected", "info", f"{exc} (replaced by a placeholder: fault injected)",
+                          subject=exc.limit_name, requests=[request_id], prevented=False)
+                sup.audit.record(request_id, "placeholder", message=str(exc))
+                return True
+            if sup.config.defences.admission:
+                raise
+            sup.alert("admission_rejected", "warning", f"{exc} (let through: the admission defence is off)",
+                      subject=exc.limit_name, requests=[request_id], prevented=False)
+        return False
 
     def _params(self, msg: Message) -> dict:
         return {
@@ -132,7 +167,8 @@ class ControlOps:
             "engine": {
                 "version": __version__, "control": sup.control_endpoint, "telemetry": sup.telemetry_endpoint,
                 "bus": sup.bus_endpoint,
-                "curve": sup.curve is not None, "uptime_s": time.time() - sup.started_at,
+                "curve": sup.curve is not None, "allow_faults": sup.allow_faults,
+                "uptime_s": time.time() - sup.started_at,
                 "model": str(sup.config.model.resolved_path()), "architecture": sup.model_config.architecture,
                 "vocab_size": sup.model_config.vocab_size,
             },
@@ -148,6 +184,54 @@ class ControlOps:
         else:
             del result["config"]
         self._reply(identity, msg, result)
+
+    def fire_canary(self) -> RequestRecord:
+        """Send one canary request now (tenant `canary`, a fresh random marker)."""
+        sup = self.sup
+        book = sup.canaries
+        marker = book.new_marker()
+        slot = next(sup.slots)
+        request_id = f"canary-{slot}"
+        text = book.prompt(marker)
+        prompt = sup.tokenizer.encode(text)
+        marker_ids = sup.tokenizer.encode(marker)
+        marker_ids = marker_ids[1:] if marker_ids and marker_ids[0] == sup.model_config.bos_token_id else marker_ids
+        params = {**self._params(Message({})), "max_new_tokens": min(len(marker_ids) + 8, 64), "ignore_eos": True,
+                  "stream": False}
+        room = sup.config.engine.context_window - params["max_new_tokens"]
+        prompt = prompt[:max(1, room)]
+        book.add(request_id, slot, marker, marker_ids)
+        sup.counters["canaries"] += 1
+        return self.accept(request_id, slot, prompt, params, "canary", None, None, data_tier="canary")
+
+    def op_canary(self, identity: bytes, msg: Message) -> None:
+        rec = self.fire_canary()
+        canary = self.sup.canaries.by_request[rec.request_id]
+        self._reply(identity, msg, {"request_id": rec.request_id, "slot": rec.slot, "marker": canary.marker})
+
+    def op_scope(self, identity: bytes, msg: Message) -> None:
+        """Affected pairs in a time window (wall-clock seconds; default everything kept)."""
+        since = field_of(msg, "since", "float", default=None)
+        until = field_of(msg, "until", "float", default=None)
+        pairs = self.sup.reads.scope(since, until)
+        self._reply(identity, msg, {"pairs": pairs, "reads": self.sup.reads.total, "since": since, "until": until})
+
+    def op_prompt_log(self, identity: bytes, msg: Message) -> None:
+        since = field_of(msg, "since", "float", default=0.0)
+        entries = [e for e in self.sup.prompt_log if e["time"] >= since]
+        self._reply(identity, msg, {"entries": entries[-10_000:]})
+
+    def op_ground_truth(self, identity: bytes, msg: Message) -> None:
+        """Every decode worker's own list of the cross-request reads it saw happen."""
+        sup = self.sup
+        workers = [w for w in sup.role_workers("decode") if w.state == WorkerState.READY]
+        ask_id = next(sup.ask_ids)
+        sup.pending_truth[ask_id] = {"client": identity, "id": msg.get("id"), "waiting": {w.name for w in workers},
+                                     "reads": []}
+        for worker in workers:
+            sup.to_worker(worker, {"op": "cross_reads", "ask_id": ask_id})
+        if not workers:
+            sup.events.finish_truth(ask_id)
 
     def op_ack_alert(self, identity: bytes, msg: Message) -> None:
         ids = [str(i) for i in field_of(msg, "ids", "list", max_len=1000)]
@@ -210,12 +294,13 @@ class ControlOps:
             new = sup.config.replace(**changes)
         except (ConfigError, TypeError, AttributeError) as exc:
             raise ConfigError(f"reconfigure refused: {exc}") from None
+        check_faults_allowed(new, sup.allow_faults)
         findings = check_capacity(new, model_max_positions=sup.model_config.max_position_embeddings)
         restart = self._needs_restart(sup.config, new)
         result = {
             "valid": True, "applied": False, "findings": [f.to_dict() for f in findings],
             "exceeds": bool(exceeding(findings)), "restart": sorted(restart), "config": new.to_dict(),
-            "consequence": [f.message() for f in findings],
+            "consequence": [f.message() for f in findings], "dangerous": new.dangerous(),
         }
         if apply:
             if new.engine.strict_capacity and exceeding(findings):
@@ -231,7 +316,7 @@ class ControlOps:
         engine_changed = {k for k in new_d["engine"] if new_d["engine"][k] != old_d["engine"][k]}
         structural = engine_changed - LIVE_ENGINE_KEYS - SUPERVISOR_ENGINE_KEYS
         for worker in self.sup.workers.values():
-            if structural or new_d["model"] != old_d["model"] or \
+            if structural or new_d["model"] != old_d["model"] or new_d["audit"] != old_d["audit"] or \
                     new_d["pools"][worker.role] != old_d["pools"][worker.role]:
                 restart.add(worker.name)
         if new_d["workers"] != old_d["workers"]:
@@ -243,7 +328,9 @@ class ControlOps:
         live = {k: v for k, v in new.to_dict()["engine"].items() if k in LIVE_ENGINE_KEYS}
         sup.config = new
         sup.findings = sup._capacity(new)
-        sup.broadcast({"op": "configure", "engine": live})
+        sup.canaries.configure(new.canaries)
+        sup.broadcast({"op": "configure", "engine": live, "defences": new.to_dict()["defences"],
+                       "faults": new.to_dict()["faults"]})
         for name in restart:
             worker = sup.workers[name]
             if worker.state == WorkerState.READY:

@@ -45,6 +45,7 @@ class RequestRecord:
     finish_reason: str | None = None
     error: dict | None = None
     cancel_requested: bool = False
+    placeholder: bool = False  # the placeholder_on_reject fault stood in for it
     pages: dict[str, int] = field(default_factory=dict)  # pool name -> pages held
 
     @property

@@ -22,6 +22,8 @@ from engine.config import EngineConfig
 from engine.errors import ConfigError, PageWardenError, WorkerCrashed, WorkerStopped
 from engine.model.config import read_model_config
 from engine.protocol import ProtocolError, error_reply, pack, unpack
+from engine.guard.canaries import CanaryBook
+from engine.guard.read_log import ReadLog
 from engine.server.alerts import AlertBook
 from engine.server.audit import AuditLog
 from engine.server.metrics import MetricsWindow
@@ -43,16 +45,20 @@ CAPACITY_PERIOD_S = 10.0
 
 class Supervisor:
     def __init__(self, config: EngineConfig, *, bind: str = DEFAULT_BIND, telemetry_bind: str | None = None,
-                 curve=None):
+                 curve=None, allow_faults: bool = False):
         """curve: an engine.server.auth.CurveServer, or None for plaintext (loopback only).
+        allow_faults: defences may be turned off and faults on (reproducing incidents).
 
-        Raises ConfigError when strict capacity is on and the window exceeds a pool, or a
-        non-loopback endpoint is asked for without CURVE."""
+        Raises ConfigError when strict capacity is on and the window exceeds a pool, when a
+        defence is off or a fault on without allow_faults, or a non-loopback endpoint is
+        asked for without CURVE."""
         from engine.server.auth import check_bind_policy
 
         check_bind_policy(bind, curve is not None)
         if telemetry_bind:
             check_bind_policy(telemetry_bind, curve is not None)
+        self.allow_faults = allow_faults
+        check_faults_allowed(config, allow_faults)
         self.config = config
         self.curve = curve
         self.model_config = read_model_config(config.model.resolved_path())
@@ -79,6 +85,8 @@ class Supervisor:
             self.poller.register(sock, zmq.POLLIN)
         self.telemetry = TelemetryPublisher(self.pub)
         self.alerts = AlertBook(lambda record: self.telemetry.publish("alerts", record))
+        self.reads = ReadLog()
+        self.canaries = CanaryBook(config.canaries.per_minute, config.canaries.marker_chars, config.canaries.enabled)
         self.metrics = MetricsWindow()
         self.audit = AuditLog()
         self.counters: Counter[str] = Counter()
@@ -88,6 +96,9 @@ class Supervisor:
         self.reserving: set[str] = set()  # reserve sent, no answer yet
         self.progressed: set[str] = set()  # requests with new tokens since the last update
         self.pending_metadata: dict[int, tuple[bytes, object]] = {}
+        self.pending_truth: dict[int, dict] = {}
+        self.slot_requests: dict[int, str] = {}
+        self.prompt_log: deque[dict] = deque(maxlen=100_000)
         self.slots = itertools.count(1)
         self.ask_ids = itertools.count(1)
         self.started_at = time.time()
@@ -222,8 +233,10 @@ class Supervisor:
             worker = min(prefill, key=lambda w: len(w.inflight))
             worker.inflight.add(rec.request_id)
             rec.phase, rec.prefill_worker = Phase.PREFILLING, worker.name
+            # placeholder_on_reject fault: the prefill side gets a one-token stand-in
+            prompt = rec.prompt_ids[:1] if rec.placeholder else rec.prompt_ids
             self.to_worker(worker, {
-                "op": "prefill", "request_id": rec.request_id, "slot": rec.slot, "prompt_ids": rec.prompt_ids,
+                "op": "prefill", "request_id": rec.request_id, "slot": rec.slot, "prompt_ids": prompt,
                 "params": rec.params, "target": {"endpoint": self.workers[rec.decode_worker].info["transfer_endpoint"],
                                                  "reservation": rec.reservation},
             })
@@ -251,6 +264,12 @@ class Supervisor:
             self.metrics.add_tpot((now - rec.first_token_at) / (len(rec.output_ids) - 1), now)
         self.counters[phase.value] += 1
         self.audit.record(rec.request_id, phase.value, reason=reason, error=error, tokens=len(rec.output_ids))
+        if rec.tenant != "canary" and rec.output_ids:
+            for canary in self.canaries.markers_in(rec.output_ids, exclude_slot=rec.slot):
+                self.alert("canary_marker_in_output", "critical",
+                           f"the output of request {rec.request_id} carries the marker of canary "
+                           f"{canary.request_id}", subject=rec.request_id, requests=[canary.request_id, rec.request_id],
+                           source=canary.request_id, reader=rec.request_id)
         if rec.client is not None:
             self.to_client(rec.client, pack({
                 "op": "done", "id": rec.msg_id, "request_id": rec.request_id, "token_ids": rec.output_ids,
@@ -265,6 +284,7 @@ class Supervisor:
         if len(self.requests) > 2 * keep:
             done = [rid for rid, r in self.requests.items() if r.done]
             for rid in done[: len(self.requests) - keep]:
+                self.slot_requests.pop(self.requests[rid].slot, None)
                 del self.requests[rid]
 
     def fail_worker_requests(self, worker: WorkerHandle, error_cls, why: str) -> None:
@@ -353,6 +373,8 @@ class Supervisor:
     # ---- telemetry --------------------------------------------------------------------
     def periodic(self) -> None:
         now = time.monotonic()
+        if self.canaries.due(now) and any(w.accepting for w in self.role_workers("decode")):
+            self.ops.fire_canary()
         if self.progressed and now - self._last.get("progress", 0.0) >= PROGRESS_PERIOD_S:
             self._last["progress"] = now
             for rid in self.progressed:
@@ -426,6 +448,14 @@ class Supervisor:
             return self.tokenizer.decode(ids)
         except PageWardenError:
             return None
+
+
+def check_faults_allowed(config: EngineConfig, allow_faults: bool) -> None:
+    """Raises ConfigError naming each defence turned off or fault turned on, unless allowed."""
+    dangerous = config.dangerous()
+    if dangerous and not allow_faults:
+        raise ConfigError(f"{', '.join(dangerous)}: turning defences off or faults on needs "
+                          f"`serve --allow-faults` (it exists to reproduce incidents)")
 
 
 def _next_port(endpoint: str) -> str:

@@ -75,7 +75,10 @@ class WorkerEvents:
         worker.stats["free_pages"] = field_of(msg, "free_pages", "int")
         worker.inflight.discard(field_of(msg, "request_id", "str"))
         sup.reserving.discard(field_of(msg, "request_id", "str"))
-        if rec is not None and not rec.done:
+        if rec is not None and not rec.done and msg.get("final"):
+            error = field_of(msg, "error", "map")
+            sup.finish(rec, Phase.FAILED, str(error.get("code", "error")), error)
+        elif rec is not None and not rec.done:
             rec.phase, rec.decode_worker = Phase.QUEUED, None
             sup.queue.appendleft(rec.request_id)  # it keeps its place in line
             sup.audit.record(rec.request_id, "reserve_failed", worker=worker.name)
@@ -169,6 +172,84 @@ class WorkerEvents:
         fields.setdefault("pool", worker.info.get("pool", {}).get("name", worker.name))
         self.sup.alert(str(msg.get("kind")), str(msg.get("severity", "warning")), str(msg.get("detail", "")),
                        subject=str(fields["pool"]), **fields)
+
+    # ---- the isolation guard -------------------------------------------------------------
+    def on_isolation(self, worker: WorkerHandle, msg: Message) -> None:
+        """I1 detections and cross-request reads (ground truth) from a worker's last steps."""
+        sup = self.sup
+        for event in field_of(msg, "events", "list", max_len=100_000):
+            if not isinstance(event, dict):
+                continue
+            if event.get("kind") == "ownership_violation":
+                self._ownership(worker, event)
+            elif event.get("kind") == "cross_read":
+                self._cross_read(worker, event)
+        sup.counters["isolation_events"] += 1
+
+    def _request_of(self, slot) -> str | None:
+        return self.sup.slot_requests.get(int(slot)) if isinstance(slot, int) else None
+
+    def _ownership(self, worker: WorkerHandle, event: dict) -> None:
+        sup = self.sup
+        reader = str(event.get("request"))
+        pages = [p for p in event.get("pages") or [] if isinstance(p, dict)]
+        writers = sorted({p["writer"][0] for p in pages if isinstance(p.get("writer"), list)})
+        sources = [self._request_of(w) or f"slot {w}" for w in writers if w != event.get("slot")]
+        prevented = bool(event.get("prevented"))
+        how = "masked, request aborted" if prevented else "NOT prevented (defence off or report_only)"
+        detail = (f"request {reader} met {len(pages)} page(s) of pool {event.get('pool')} it does not own "
+                  f"in this epoch ({how}); written by {', '.join(sources) or 'nobody this epoch'}")
+        sup.audit.record(reader, "ownership_violation", pages=pages, prevented=prevented)
+        sup.alert("ownership_violation", "critical", detail, subject=str(event.get("pool")),
+                  requests=[reader, *[s for s in sources if not s.startswith("slot")]],
+                  pages=[p["page"] for p in pages], prevented=prevented, reader=reader)
+        for writer in writers:
+            if sup.canaries.is_canary_slot(writer) and not sup.canaries.is_canary_slot(event.get("slot")):
+                self._canary_leak(sup.canaries.by_slot[writer].request_id, reader,
+                                  [p["page"] for p in pages if p.get("writer", [None])[0] == writer], prevented)
+
+    def _cross_read(self, worker: WorkerHandle, event: dict) -> None:
+        from engine.guard.read_log import ReadRecord
+
+        sup = self.sup
+        reader, slot = str(event.get("request")), int(event.get("slot", -1))
+        when = float(event.get("time", time.time()))
+        canary_pages: dict[int, list[int]] = {}
+        for page, source in event.get("reads") or []:
+            sup.reads.add(ReadRecord(when, reader, slot, self._request_of(source), int(source),
+                                     str(event.get("pool")), int(page)))
+            if sup.canaries.is_canary_slot(source) and not sup.canaries.is_canary_slot(slot):
+                canary_pages.setdefault(int(source), []).append(int(page))
+        sup.counters["cross_reads"] += len(event.get("reads") or [])
+        sup.audit.record(reader, "cross_read", reads=event.get("reads"), pool=event.get("pool"))
+        for source, pages in canary_pages.items():
+            self._canary_leak(sup.canaries.by_slot[source].request_id, reader, pages, False)
+
+    def _canary_leak(self, canary: str, reader: str, pages: list[int], prevented: bool) -> None:
+        how = "the read was masked" if prevented else "the data WAS read"
+        self.sup.alert("canary_leak", "critical", f"request {reader} touched pages written by canary {canary} ({how})",
+                       subject=reader, requests=[canary, reader], pages=pages, prevented=prevented,
+                       source=canary, reader=reader)
+
+    def on_cross_reads(self, worker: WorkerHandle, msg: Message) -> None:
+        pending = self.sup.pending_truth.get(msg.get("ask_id"))
+        if pending is None:
+            return
+        for read in msg.get("reads") or []:
+            pending["reads"].append({**read, "worker": worker.name})
+        pending["waiting"].discard(worker.name)
+        if not pending["waiting"]:
+            self.finish_truth(msg.get("ask_id"))
+
+    def finish_truth(self, ask_id) -> None:
+        from engine.protocol import pack
+
+        pending = self.sup.pending_truth.pop(ask_id)
+        for read in pending["reads"]:
+            read["reader"] = read.get("request")
+            read["source"] = self._request_of(read.get("source_slot"))
+        self.sup.to_client(pending["client"], pack({"op": "reply", "id": pending["id"],
+                                                    "result": {"reads": pending["reads"]}}))
 
     def on_page_metadata(self, worker: WorkerHandle, msg: Message) -> None:
         from engine.protocol import pack

@@ -36,9 +36,18 @@ class DecodeWorker(WorkerLoop):
         self.poller.register(self.kv, zmq.POLLIN)
         self.receiver = TransferReceiver(self.engine.pool)
         self.reserved: dict[str, Request] = {}  # waiting for their transfer
+        self.swapped: dict[str, int] = {}  # stale_block_table fault: the page each table lost
         self.cancelling: set[str] = set()  # cancelled; pages held until the prefill side acks
         self._epochs = 0
         self._last_expire = time.monotonic()
+        self.apply_guard(self.engine.config)
+
+    def apply_guard(self, config) -> None:
+        super().apply_guard(config)
+        self.receiver.verify_manifest = config.defences.manifest_check
+        self.receiver.verify_ownership = config.defences.deferred_release
+        self.deferred_release = config.defences.deferred_release
+        self.faults = config.faults
 
     def hello(self) -> dict:
         return {**super().hello(), "transfer_endpoint": self.kv_endpoint}
@@ -68,6 +77,14 @@ class DecodeWorker(WorkerLoop):
             tenant=field_of(msg, "tenant", "str", default="default"), slot=field_of(msg, "slot", "int", low=0),
         )
         pool = self.engine.pool
+        limit = min(pool.capacity_tokens, self.engine.model.decoder.max_positions)
+        if request.total_tokens > limit:
+            # only reachable with admission off or faulty: it can never fit here, do not retry
+            self.send({"op": "reserve_failed", "request_id": request.request_id, "final": True,
+                       "free_pages": pool.free_pages, "error": {"code": "admission_rejected", "message":
+                       f"request {request.request_id} needs {request.total_tokens:,} tokens; decode pool "
+                       f"{pool.name!r} and the model hold {limit:,}"}})
+            return
         try:
             self.engine.reserve(request)
         except PoolExhausted as exc:
@@ -84,8 +101,19 @@ class DecodeWorker(WorkerLoop):
         )
         self.receiver.expect(reservation)
         self.reserved[request.request_id] = request
+        self._inject_faults(request, prompt_pages)
         self.send({"op": "reserved", "request_id": request.request_id, "reservation": reservation.to_wire(),
                    "endpoint": self.kv_endpoint, "pages": len(table.pages), "free_pages": pool.free_pages})
+
+    def _inject_faults(self, request: Request, prompt_pages) -> None:
+        pool, table = self.engine.pool, request.page_table
+        if self.faults.early_release:
+            # the bug: the pages go back before the transfer arrives; the transfer still comes
+            pool.release(request.slot, prompt_pages)
+        if self.faults.stale_block_table and pool.free_pages:
+            # the bug: the table's last entry names the page the pool hands out next
+            self.swapped[request.request_id] = int(table.pages[-1])
+            table.pages[-1] = pool.peek_free()
 
     def _cancel(self, request_id: str) -> None:
         if request_id in self.reserved:
@@ -97,6 +125,7 @@ class DecodeWorker(WorkerLoop):
 
     def _release(self, request_id: str) -> None:
         """The prefill side acknowledged (or died): the reservation's pages may go."""
+        self._return_swapped(request_id)
         self.cancelling.discard(request_id)
         if self.reserved.pop(request_id, None) is not None:
             self.receiver.cancel(request_id)
@@ -117,6 +146,10 @@ class DecodeWorker(WorkerLoop):
                 self._on_transfer(event)
 
     def _on_transfer(self, event) -> None:
+        for note in self.receiver.take_notes():  # problems seen with a defence off
+            kind = "transfer_mismatch" if note.kind == "mismatch_accepted" else note.kind
+            self.alert(kind, "critical", note.detail, requests=[note.request_id], pages=note.pages,
+                       prevented=False)
         rid = event.request_id
         if event.kind == "complete" and rid in self.reserved:
             self.reserved.pop(rid)
@@ -127,7 +160,7 @@ class DecodeWorker(WorkerLoop):
             error_cls = TransferMismatch if event.kind == "mismatch" else TransferTimeout
             error = error_cls(f"request {rid}: KV transfer rejected by {self.name}: {event.detail}; "
                               f"its pages were scrubbed and freed")
-            self.alert(error.code, "critical", event.detail, requests=[rid], pages=event.pages)
+            self.alert(error.code, "critical", event.detail, requests=[rid], pages=event.pages, prevented=True)
             self._fail(rid, error)
             self.send({"op": "transfer_done", "request_id": rid, "ok": False, "error": error.to_wire()})
         elif event.kind == "late":
@@ -140,6 +173,13 @@ class DecodeWorker(WorkerLoop):
         self.reserved.pop(request_id, None)
         self.cancelling.discard(request_id)
         self.engine.abort(request_id, error)  # frees (and scrubs) its pages
+        self._return_swapped(request_id)
+
+    def _return_swapped(self, request_id: str) -> None:
+        """stale_block_table: the page the table lost is still its request's; give it back."""
+        page = self.swapped.pop(request_id, None)
+        if page is not None and int(self.engine.pool.owner[page]) >= 0:
+            self.engine.pool.release(int(self.engine.pool.owner[page]), [page])
 
     # ---- decoding ---------------------------------------------------------------------
     def work(self) -> None:
@@ -150,6 +190,7 @@ class DecodeWorker(WorkerLoop):
                 self._on_transfer(event)
         if self.engine.scheduler.running:
             self._report(self.engine.step())
+            self.forward_events()
 
     def _report(self, outputs: list[RequestOutput]) -> None:
         if not outputs:
@@ -157,12 +198,10 @@ class DecodeWorker(WorkerLoop):
         items = [[o.request_id, o.new_token_ids] for o in outputs if o.new_token_ids]
         finished = [[o.request_id, o.finish_reason, o.error.to_wire() if o.error else None]
                     for o in outputs if o.finished]
-        for o in outputs:
-            if o.error is not None and o.error.code == "ownership_violation":
-                pages = [p["page"] for p in getattr(o.error, "pages", [])]
-                self.alert("ownership_violation", "critical", str(o.error), requests=[o.request_id], pages=pages)
         self.send({"op": "tokens", "items": items, "finished": finished,
                    "free_pages": self.engine.pool.free_pages})
+        for rid, _, _ in finished:
+            self._return_swapped(rid)
 
     def close(self) -> None:
         self.kv.close(linger=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 
 import zmq
 
@@ -34,6 +35,7 @@ class WorkerLoop:
         self.poller.register(self.bus, zmq.POLLIN)
         self.stopping = False
         self.bad_messages = 0
+        self.ground_truth: deque[dict] = deque(maxlen=200_000)  # cross reads this worker saw happen
         self._last_heartbeat = 0.0
         self._last_heard = time.monotonic()
 
@@ -111,19 +113,43 @@ class WorkerLoop:
             self.send({"op": "page_metadata", "ask_id": msg.get("ask_id"), "pool": self.engine.pool.name},
                       page_arrays(self.engine.pool.metadata_snapshot()))
         elif op == "configure":
-            self.configure(msg.get("engine", {}))
+            self.configure(msg.header)
+        elif op == "cross_reads":
+            self.send({"op": "cross_reads", "ask_id": msg.get("ask_id"), "reads": list(self.ground_truth)})
         else:
             self.handle(msg)
 
-    def configure(self, changes: dict) -> None:
-        """Live settings: applied between steps without restarting."""
-        engine = self.engine
-        if "writer_tag_check" in changes.get("defences", {}):
-            engine.runner.check_writer_tags = bool(changes["defences"]["writer_tag_check"])
-        if "scrub_policy" in changes:
-            engine.pool.scrub_policy = str(changes["scrub_policy"])
-        if "max_batch" in changes:
-            engine.scheduler.max_batch = int(changes["max_batch"])
+    def configure(self, sections: dict) -> None:
+        """Live settings (engine keys, defences, faults): applied between steps."""
+        engine, live = self.engine, sections.get("engine", {})
+        if "scrub_policy" in live:
+            engine.pool.scrub_policy = str(live["scrub_policy"])
+        if "max_batch" in live:
+            engine.scheduler.max_batch = int(live["max_batch"])
+        if "ownership_policy" in live:
+            engine.config = engine.config.replace(engine={"ownership_policy": live["ownership_policy"]})
+        if "defences" in sections or "faults" in sections:
+            engine.config = engine.config.replace(defences=sections.get("defences", {}),
+                                                  faults=sections.get("faults", {}))
+        self.apply_guard(engine.config)
+
+    def apply_guard(self, config) -> None:
+        """The defences and faults of `config`, where this worker has them."""
+        self.engine.runner.check_writer_tags = config.defences.writer_tag_check
+        self.engine.pool.scrub_enabled = config.defences.scrub and not config.faults.skip_scrub
+
+    def forward_events(self) -> None:
+        """Detections and ground-truth reads of the last step, to the supervisor's audit; the
+        reads are kept here too, so the supervisor's log can be checked against them."""
+        events = self.engine.take_events()
+        if events:
+            for event in events:
+                if event["kind"] == "cross_read":
+                    for page, source in event["reads"]:
+                        self.ground_truth.append({"request": event["request"], "slot": event["slot"],
+                                                  "pool": event["pool"], "page": page, "source_slot": source,
+                                                  "time": event["time"]})
+            self.send({"op": "isolation", "events": events})
 
     def close(self) -> None:
         self.bus.close(linger=200)  # let the last messages (tokens, bye) leave

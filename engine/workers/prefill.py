@@ -19,7 +19,7 @@ import zmq
 
 from engine.errors import PoolExhausted
 from engine.kv.page_table import PageTable
-from engine.protocol import Message, ProtocolError, field_of
+from engine.protocol import Message, ProtocolError, field_of, unpack_header
 from engine.request import Request, SamplingParams
 from engine.sampling import sample_next
 from engine.server.sockets import harden
@@ -52,6 +52,14 @@ def params_from_wire(d: dict) -> SamplingParams:
     )
 
 
+def _drop_last_page(messages: list[list]) -> list[list]:
+    """short_transfer fault: the last page frame never leaves, though the manifest counts it."""
+    last = messages[-1]
+    count = unpack_header(last[0])["count"]
+    messages[-1] = last[:count] + last[count + 1:]
+    return messages
+
+
 class PrefillWorker(WorkerLoop):
     role = "prefill"
 
@@ -62,6 +70,11 @@ class PrefillWorker(WorkerLoop):
         self.pushes: dict[str, zmq.Socket] = {}
         self.generators: dict[str, torch.Generator] = {}
         self.sent_ids: deque[str] = deque(maxlen=4096)  # to answer a cancel that came too late
+        self.apply_guard(self.engine.config)
+
+    def apply_guard(self, config) -> None:
+        super().apply_guard(config)
+        self.faults = config.faults
 
     def busy(self) -> bool:
         return bool(self.jobs or self.shipping)
@@ -150,7 +163,11 @@ class PrefillWorker(WorkerLoop):
         tracker, chunks = None, 0
         try:
             # each chunk is checksummed just before it goes, so sending starts at once
-            for frames in iter_transfer(pool, pages, job.reservation, first_token=first_token, sender=self.name):
+            messages = iter_transfer(pool, pages, job.reservation, first_token=first_token, sender=self.name,
+                                     tokens=request.prompt_len)
+            if self.faults.short_transfer:
+                messages = _drop_last_page(list(messages))
+            for frames in messages:
                 tracker = push.send_multipart(frames, copy=False, track=True)
                 chunks += 1
         except (ProtocolError, ValueError) as exc:  # a reservation that cannot be honoured

@@ -171,15 +171,22 @@ def iter_transfer(pool, src_pages: np.ndarray, reservation: dict | Reservation, 
         "layout": layout.to_wire(), "first_token": int(first_token), "sender": sender,
         "chunks": -(-needed // per_chunk),
     }
-    return _chunk_messages(manifest, host_page_rows(pool, src), per_chunk)
+    provenance = None if getattr(pool, "provenance", None) is None else pool.provenance[src]
+    return _chunk_messages(manifest, host_page_rows(pool, src), per_chunk, provenance)
 
 
-def _chunk_messages(manifest: dict, rows: list, per_chunk: int) -> Iterator[list]:
+def _chunk_messages(manifest: dict, rows: list, per_chunk: int, provenance=None) -> Iterator[list]:
     for chunk, first in enumerate(range(0, len(rows), per_chunk)):
         frames = rows[first : first + per_chunk]
         header = {**manifest, "chunk": chunk, "first": first, "count": len(frames),
                   "checksums": [page_checksum(f) for f in frames]}
-        yield [pack_header(header), *frames]
+        if provenance is None:
+            yield [pack_header(header), *frames]
+        else:
+            # the audit's ground truth travels with the data: whose content each token slot holds
+            header["prov"] = True
+            prov = np.ascontiguousarray(provenance[first : first + len(frames)], dtype="<i4")
+            yield [pack_header(header), *frames, memoryview(prov).cast("B")]
 
 
 def host_page_rows(pool, pages: np.ndarray) -> list[np.ndarray]:
@@ -231,6 +238,8 @@ class _Transfer:
     next_page: int = 0
     chunks: int | None = None
     first_token: int | None = None
+    tokens: int | None = None  # the manifest's token count (trusting mode keeps it)
+    written: list[int] = field(default_factory=list)  # reservation page indices written
 
 
 class TransferReceiver:
@@ -247,6 +256,11 @@ class TransferReceiver:
         self._rows = _byte_rows(pool.data) if pool.data.device.type == "cpu" else None
         self._pending: dict[str, _Transfer] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()  # request_id -> how it ended
+        # The I3 and I4 defences. Off (only with --allow-faults) the receiver still sees every
+        # problem and reports it in `notes`, but writes what came and lets the request on.
+        self.verify_manifest = True
+        self.verify_ownership = True
+        self.notes: list[TransferEvent] = []
 
     # ---- reservations -----------------------------------------------------------------
     def expect(self, reservation: Reservation) -> None:
@@ -322,21 +336,52 @@ class TransferReceiver:
         for name in _LIST_FIELDS:
             _typed(header, name, "list", rid, sender)
         _typed(header, "layout", "map", rid, sender)
+        frames, prov = _split_provenance(header, frames, self.pool.page_size)
         problem = self._header_problem(t, header, epoch, len(frames) - 1)
         if problem:
-            self._fail(t, problem, sender)
+            if self.verify_manifest:
+                self._fail(t, problem, sender)
+            self._note(t, "mismatch_accepted", problem, sender)
         views = [_byte_view(f, rid, sender) for f in frames[1:]]
-        problem = self._frames_problem(t, header, views)
+        first = header["first"] if self.verify_manifest else t.next_page
+        span = range(first, min(first + len(views), len(t.page_list)))
+        problem = self._content_problem(t, header, views)
         if problem:
-            self._fail(t, problem, sender)
-        first, count = header["first"], header["count"]
-        self._write(t.res.pages[first : first + count], views)
+            if self.verify_manifest:
+                self._fail(t, problem, sender)
+            self._note(t, "mismatch_accepted", problem, sender)
+        keep = [j for j in range(len(span)) if views[j].nbytes == self.layout.bytes_per_page]
+        pages = t.res.pages[[span[j] for j in keep]]
+        problem = self._ownership_problem(t.res, pages, t.res.page_epochs[[span[j] for j in keep]])
+        if problem:
+            if self.verify_ownership:
+                self._fail(t, problem, sender)
+            self._note(t, "late_write_landed", problem, sender)  # written anyway: the defence is off
+        self._write(pages, [views[j] for j in keep])
+        self._record_provenance(t, pages, None if prov is None else prov[keep])
+        t.written.extend(span[j] for j in keep)
         if t.next_chunk == 0:
             t.since, t.chunks, t.first_token = self.clock(), header["chunks"], header["first_token"]
-        t.next_chunk, t.next_page = t.next_chunk + 1, first + count
-        if t.next_page < len(t.page_list):
+            t.tokens = header["tokens"]
+        t.next_chunk, t.next_page = t.next_chunk + 1, first + len(span)
+        last_announced = header.get("chunk") == header.get("chunks", 0) - 1
+        if t.next_page < len(t.page_list) and not (last_announced and not self.verify_manifest):
             return None
         return self._complete(t, sender)
+
+    def _note(self, t: _Transfer, kind: str, detail: str, sender: str) -> None:
+        self.notes.append(TransferEvent(kind, t.res.request_id, f"request {t.res.request_id}: {detail}",
+                                        pages=t.res.pages.tolist(), sender=sender))
+
+    def take_notes(self) -> list[TransferEvent]:
+        notes, self.notes = self.notes, []
+        return notes
+
+    def _record_provenance(self, t: _Transfer, pages: np.ndarray, prov) -> None:
+        table = getattr(self.pool, "provenance", None)
+        if table is None or not len(pages):
+            return
+        table[pages] = prov if prov is not None else t.res.slot
 
     def _parse(self, frames) -> tuple[dict, str, int, str]:
         if not isinstance(frames, (list, tuple)) or not frames:
@@ -396,10 +441,12 @@ class TransferReceiver:
             return f"checksums has {len(h['checksums'])} entries for count {h['count']}"
         return None
 
-    def _frames_problem(self, t: _Transfer, h: dict, views: list[memoryview]) -> str | None:
-        """Frame sizes, checksums, and that the pool still holds the pages for this reservation."""
+    def _content_problem(self, t: _Transfer, h: dict, views: list[memoryview]) -> str | None:
+        """Frame sizes and checksums."""
         size = self.layout.bytes_per_page
-        first = h["first"]
+        first = h["first"] if h["first"] + len(views) <= len(t.page_list) else t.next_page
+        if first + len(views) > len(t.page_list):
+            return f"{len(views)} page frames from index {first} overrun the reservation's {len(t.page_list)} pages"
         for j, view in enumerate(views):
             if view.nbytes != size:
                 return (f"frame {j + 1} (page {t.page_list[first + j]}) is {view.nbytes:,} bytes, "
@@ -409,8 +456,7 @@ class TransferReceiver:
             if got != sent:
                 return (f"checksum of page {t.page_list[first + j]} (index {first + j}) is {got:#010x}, "
                         f"sender's {_shown(sent)}")
-        span = slice(first, first + len(views))
-        return self._ownership_problem(t.res, t.res.pages[span], t.res.page_epochs[span])
+        return None
 
     def _ownership_problem(self, res: Reservation, pages: np.ndarray, epochs: np.ndarray) -> str | None:
         # I4: the pages must still be this slot's IN_FLIGHT pages of the reserved epoch
@@ -441,15 +487,21 @@ class TransferReceiver:
     def _complete(self, t: _Transfer, sender: str) -> TransferEvent:
         res, pool = t.res, self.pool
         problem = self._ownership_problem(res, res.pages, res.page_epochs)
-        if problem:
+        if problem and self.verify_ownership:
             self._fail(t, problem, sender)
-        # the code that wrote the K/V stamps the writer tag (I1), then the pages become readable
-        index = torch.from_numpy(res.pages.astype(np.int64)).to(pool.device)
-        filled = np.minimum(pool.page_size, res.tokens - np.arange(len(res.pages)) * pool.page_size)
-        pool.writer[index] = torch.from_numpy(pack_tag(np.int64(res.slot), res.page_epochs)).to(pool.device)
+        # the code that wrote the K/V stamps the writer tag (I1), then the pages become readable;
+        # trusting a short transfer stamps only what was really written
+        done = np.array(sorted(set(t.written)), dtype=np.int64)
+        pages, epochs = res.pages[done], res.page_epochs[done]
+        tokens = res.tokens if self.verify_manifest else min(res.tokens, t.tokens or 0)
+        index = torch.from_numpy(pages.astype(np.int64)).to(pool.device)
+        filled = np.clip(tokens - done * pool.page_size, 0, pool.page_size)
+        pool.writer[index] = torch.from_numpy(pack_tag(np.int64(res.slot), epochs)).to(pool.device)
         pool.filled[index] = torch.from_numpy(filled.astype(np.int32)).to(pool.device)
-        pool.mark_dirty(res.pages)
-        pool.set_state(res.slot, res.pages, PageState.WRITTEN)
+        pool.mark_dirty(pages)
+        mine = pages[pool.owner[pages] == res.slot]
+        if len(mine):
+            pool.set_state(res.slot, mine, PageState.WRITTEN)
         event = self._end(t, "complete", f"{res.tokens} tokens in {len(res.pages)} pages of request "
                                          f"{res.request_id} verified and written", sender)
         event.first_token = t.first_token
@@ -471,6 +523,17 @@ class TransferReceiver:
         self._ended.move_to_end(request_id)
         if len(self._ended) > _REMEMBERED_ENDINGS:
             self._ended.popitem(last=False)
+
+
+def _split_provenance(header: dict, frames: list, page_size: int):
+    """The optional last frame of provenance rows ([count, page_size] int32), if announced."""
+    if header.get("prov") is not True or len(frames) < 3:
+        return frames, None
+    raw = frame_bytes(frames[-1])
+    rows = (len(frames) - 2)
+    if len(raw) != rows * page_size * 4:
+        return frames, None  # not a provenance frame after all: the checks will say why
+    return frames[:-1], np.frombuffer(raw, dtype="<i4").reshape(rows, page_size)
 
 
 def _typed(header: dict, name: str, kind: str, rid: str | None, sender: str):

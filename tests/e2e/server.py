@@ -17,7 +17,8 @@ READY_TIMEOUT_S = 180.0
 
 def write_config(path: Path, **sections) -> Path:
     """A TOML config: the defaults with `sections` merged in (e.g. engine={...}, pools={...})."""
-    base = EngineConfig().replace(model={"device": "cpu"}, engine={"kernels": "torch"})
+    # canaries off unless a test asks: they would add requests at a time no test controls
+    base = EngineConfig().replace(model={"device": "cpu"}, engine={"kernels": "torch"}, canaries={"enabled": False})
     config = base.replace(**sections)
     lines = []
     for name, values in config.to_dict().items():

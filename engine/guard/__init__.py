@@ -1,0 +1,1 @@
+"""The isolation guard: canaries, the read log behind incident scoping, fault switches."""

@@ -1,0 +1,80 @@
+"""CanaryBook: canary requests the supervisor sends on a schedule, each carrying a unique
+random marker, and the two detectors that watch them.
+
+White-box: a request other than the canary touching a page the canary wrote (an I1
+detection or a real cross read whose source is a canary) is a `canary_leak`.
+Black-box: the marker's token sequence in any non-canary output is a
+`canary_marker_in_output`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+TENANT = "canary"
+ALPHABET = string.ascii_lowercase + string.digits
+PROMPT_FORM = "{text}\n\nRepeat the text above exactly:\n"  # the form of issue 7's trained model
+KEEP = 256  # canaries remembered for the detectors
+
+
+@dataclass
+class Canary:
+    request_id: str
+    slot: int
+    marker: str
+    marker_ids: list[int]
+    sent: float
+
+
+class CanaryBook:
+    def __init__(self, per_minute: int, marker_chars: int, enabled: bool = True):
+        self.per_minute, self.marker_chars, self.enabled = per_minute, marker_chars, enabled
+        self.by_slot: OrderedDict[int, Canary] = OrderedDict()
+        self.by_request: dict[str, Canary] = {}
+        self._last = time.monotonic()
+
+    def configure(self, section) -> None:
+        self.enabled, self.per_minute, self.marker_chars = section.enabled, section.per_minute, section.marker_chars
+
+    def due(self, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        if not self.enabled or self.per_minute <= 0 or now - self._last < 60.0 / self.per_minute:
+            return False
+        self._last = now
+        return True
+
+    def new_marker(self) -> str:
+        return "".join(secrets.choice(ALPHABET) for _ in range(self.marker_chars))
+
+    def prompt(self, marker: str) -> str:
+        return PROMPT_FORM.format(text=marker)
+
+    def add(self, request_id: str, slot: int, marker: str, marker_ids: list[int]) -> Canary:
+        canary = Canary(request_id, slot, marker, marker_ids, time.time())
+        self.by_slot[slot] = canary
+        self.by_request[request_id] = canary
+        while len(self.by_slot) > KEEP:
+            _, old = self.by_slot.popitem(last=False)
+            self.by_request.pop(old.request_id, None)
+        return canary
+
+    def is_canary_slot(self, slot: int) -> bool:
+        return slot in self.by_slot
+
+    def markers_in(self, output_ids: list[int], exclude_slot: int | None = None) -> list[Canary]:
+        """Canaries whose marker token sequence appears in `output_ids` (black-box)."""
+        found = []
+        for canary in self.by_slot.values():
+            ids = canary.marker_ids
+            if canary.slot == exclude_slot or not ids or len(ids) > len(output_ids):
+                continue
+            first = ids[0]
+            for i in range(len(output_ids) - len(ids) + 1):
+                if output_ids[i] == first and output_ids[i:i + len(ids)] == ids:
+                    found.append(canary)
+                    break
+        return found
