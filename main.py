@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.commands import keys, local, remote, serve
+from engine.commands import keys, local, remote, reproduce, serve
 
 
 def add_gui_args(parser) -> None:
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.register(sub)
     remote.register(sub)
     keys.register(sub)
+    reproduce.register(sub)
     return parser
 
 

@@ -38,9 +38,9 @@ class DenseCausalAttention:
 class KVWriter:
     """Writes one forward pass's new K/V into the pool, layer by layer.
 
-    The writer tag and fill level are stamped by the store itself. Where the kernels offer
-    a plan (torch path), slots are resolved once and the tags stamped with the first
-    layer's write; otherwise every layer's store launch stamps them again (idempotent).
+    The writer tag and fill level are stamped by the store itself, once per forward pass
+    (with the first layer's write: `filled` counts token slots, so stamping twice would
+    count twice). Where the kernels offer a plan (torch path), slots are resolved once.
     """
 
     def __init__(self, pool, kernels: KernelSet, slot_mapping, writer_tags):
@@ -53,7 +53,9 @@ class KVWriter:
         pool, kernels = self.pool, self.kernels
         k_cache, v_cache = pool.k_cache(layer), pool.v_cache(layer)
         if self.plan is None:
-            kernels.store_kv(k_cache, v_cache, k, v, self.slot_mapping, self.writer_tags, pool.writer, pool.filled)
+            kernels.store_kv(k_cache, v_cache, k, v, self.slot_mapping, self.writer_tags, pool.writer, pool.filled,
+                             stamp=not self.stamped)
+            self.stamped = True
         elif self.stamped:
             kernels.store_planned(k_cache, v_cache, k, v, self.plan)
         else:

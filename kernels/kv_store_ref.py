@@ -55,7 +55,9 @@ def store_planned(k_cache, v_cache, k_new, v_new, plan: StorePlan, writer_tags=N
     v_cache[plan.pages, plan.offsets] = v_new.to(v_cache.dtype)
     if writer_tags is not None:
         writer[plan.pages] = writer_tags if plan.keep is None else writer_tags[plan.keep]
-        filled.scatter_reduce_(0, plan.pages, (plan.offsets + 1).to(filled.dtype), reduce="amax")
+        # filled counts the token slots written this epoch (each is written once): a gap
+        # leaves it short of what a reader needs, so I1 sees the gap
+        filled.index_add_(0, plan.pages, torch.ones_like(plan.pages, dtype=filled.dtype))
 
 
 def store_kv(
@@ -67,12 +69,13 @@ def store_kv(
     writer_tags: torch.Tensor,
     writer: torch.Tensor,
     filled: torch.Tensor,
+    stamp: bool = True,
 ) -> None:
     """Store token t's K/V at slot_mapping[t] = page * page_size + offset (negative: skip it).
 
-    Sets writer[page] = writer_tags[t] and filled[page] = max(filled[page], offset + 1).
-    Raises ValueError on inconsistent shapes.
+    With stamp (once per forward pass, not per layer): writer[page] = writer_tags[t] and
+    filled[page] += 1 for every token written into it. Raises ValueError on inconsistent shapes.
     """
     validate_store_inputs(k_cache, v_cache, k_new, v_new, slot_mapping, writer_tags)
     plan = plan_store(slot_mapping, k_cache.shape[1])
-    store_planned(k_cache, v_cache, k_new, v_new, plan, writer_tags, writer, filled)
+    store_planned(k_cache, v_cache, k_new, v_new, plan, writer_tags if stamp else None, writer, filled)

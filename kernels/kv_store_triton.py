@@ -20,7 +20,7 @@ def _store_kv_kernel(
     stride_vp, stride_vs, stride_vh, stride_vd,
     stride_knt, stride_knh, stride_knd, stride_vnt, stride_vnh, stride_vnd,
     PAGE_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, STAMP: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + t)
@@ -38,9 +38,11 @@ def _store_kv_kernel(
     v_dst = v_cache_ptr + page * stride_vp + offset * stride_vs + h[:, None] * stride_vh + d[None, :] * stride_vd
     tl.store(k_dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(writer_ptr + page, tl.load(writer_tags_ptr + t), mask=keep)
-    # several tokens of one page may land in one launch: keep the largest offset
-    tl.atomic_max(filled_ptr + page, (offset + 1).to(tl.int32), mask=keep)
+    if STAMP:
+        tl.store(writer_ptr + page, tl.load(writer_tags_ptr + t), mask=keep)
+        # filled counts the token slots written this epoch: a gap (a slot never written
+        # before a later one) leaves it short of what a reader needs, so I1 sees the gap
+        tl.atomic_add(filled_ptr + page, (offset * 0 + 1).to(tl.int32), mask=keep)
 
 
 def store_kv(
@@ -52,10 +54,12 @@ def store_kv(
     writer_tags: torch.Tensor,
     writer: torch.Tensor,
     filled: torch.Tensor,
+    stamp: bool = True,
 ) -> None:
     """Store token t's K/V at slot_mapping[t] = page * page_size + offset (negative: skip it).
 
-    Sets writer[page] = writer_tags[t] and filled[page] = max(filled[page], offset + 1).
+    With stamp (once per forward pass): writer[page] = writer_tags[t] and filled[page] += 1
+    for every token written into it.
     Raises ValueError on inconsistent shapes.
     """
     validate_store_inputs(k_cache, v_cache, k_new, v_new, slot_mapping, writer_tags)
@@ -68,6 +72,6 @@ def store_kv(
         *k_cache.stride(), *v_cache.stride(), *k_new.stride(), *v_new.stride(),
         PAGE_SIZE=page_size, NUM_KV_HEADS=num_kv_heads,
         HEADS_PAD=triton.next_power_of_2(num_kv_heads),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim), STAMP=stamp,
         enable_fp_fusion=_FP_FUSION,
     )

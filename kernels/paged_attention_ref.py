@@ -85,10 +85,12 @@ def plan_decode(block_table, expected_tags, seq_lens, writer, filled, page_size:
     # padding entries may hold garbage (e.g. -1): never index the pool with them
     pages = torch.where(needed > 0, block_table.to(torch.int64), 0)
     if check_tags:
-        # a page is readable up to `filled` if its writer is the reader, else not at all
+        # a page is read only if its writer is the reader and every slot the reader needs
+        # was written this epoch (`filled` counts written slots); otherwise it is masked whole
         readable = torch.where(writer[pages] == expected_tags, filled[pages].to(torch.int64), 0)
-        violations = (readable < needed).sum(dim=1, dtype=torch.int32)
-        limit = torch.minimum(needed, readable) if mask_foreign else needed
+        passes = readable >= needed
+        violations = (~passes & (needed > 0)).sum(dim=1, dtype=torch.int32)
+        limit = torch.where(passes, needed, 0) if mask_foreign else needed
     else:
         violations = torch.zeros(batch, dtype=torch.int32, device=device)
         limit = needed

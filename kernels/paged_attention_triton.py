@@ -77,7 +77,9 @@ def _decode_partition_kernel(
             first = in_seq & (slot == 0)
             bad = (~tag_ok) | (page_filled < needed) | (page < 0) | (page >= num_pool_pages)
             bad_pages += (first & bad).to(tl.int32)
-            ok = ok & tag_ok & (slot < page_filled)
+            # a page that fails is masked whole: `filled` counts slots written, so a short count
+            # says nothing about which of its first slots hold this request's data
+            ok = ok & tag_ok & (page_filled >= needed)
         if HEAD_DIM == HEAD_DIM_PAD:
             kv_mask = ok[:, None]
         else:

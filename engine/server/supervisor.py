@@ -427,6 +427,12 @@ class Supervisor:
               **fields) -> None:
         self.counters[f"alert:{kind}"] += 1
         self.alerts.fire(kind, severity, detail, subject=subject, condition=condition, **fields)
+        reader = fields.get("reader")
+        for rid in fields.get("requests") or []:
+            if isinstance(rid, str):
+                # the request the alert is about, or one named as the source of the data
+                role = "subject" if reader in (None, rid) else "source"
+                self.audit.record(rid, f"alert:{kind}", prevented=fields.get("prevented"), detail=detail, role=role)
 
     def audit_worker(self, worker: WorkerHandle, event: str) -> None:
         self.audit.record(f"worker:{worker.name}", event, pid=worker.pid, reason=worker.reason)

@@ -167,8 +167,6 @@ class WorkerEvents:
 
     def on_alert(self, worker: WorkerHandle, msg: Message) -> None:
         fields = {k: v for k, v in msg.header.items() if k not in ("op", "v", "kind", "severity", "detail")}
-        for rid in fields.get("requests", []) or []:
-            self.sup.audit.record(rid, f"alert:{msg.get('kind')}", worker=worker.name, detail=msg.get("detail"))
         fields.setdefault("pool", worker.info.get("pool", {}).get("name", worker.name))
         self.sup.alert(str(msg.get("kind")), str(msg.get("severity", "warning")), str(msg.get("detail", "")),
                        subject=str(fields["pool"]), **fields)

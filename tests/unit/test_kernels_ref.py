@@ -67,10 +67,12 @@ def run_kernel(fn, case, **kwargs):
 
 
 def tag_keep(case):
-    """The I1 rule spelled out token by token: the page's tag matches and the slot was written."""
+    """The I1 rule spelled out page by page: the page's tag matches and it holds every token
+    the reader needs from it (`filled` counts written slots); a failing page is skipped whole."""
     def keep(b, j, slot):
         page = int(case.block_table[b, j])
-        return int(case.writer[page]) == int(case.expected[b, j]) and slot < int(case.filled[page])
+        needed = min(case.page_size, int(case.seq_lens[b]) - j * case.page_size)
+        return int(case.writer[page]) == int(case.expected[b, j]) and int(case.filled[page]) >= needed
     return keep
 
 
@@ -237,7 +239,12 @@ def test_store_kv_reference_writes_only_addressed_slots():
             expected[slot // 4, 1, 1, slot % 4] = v_new[t]
     assert torch.equal(data, expected)
     assert writer.tolist() == [-1, -1, make_tag(1, 1), make_tag(2, 5), -1, -1]
-    assert filled.tolist() == [0, 0, 3, 3, 0, 0]  # page 3 keeps its larger fill
+    # filled counts slots written: page 2 got offsets 1 and 2 but not 0, so a reader needing
+    # 3 tokens sees 2 (the gap is visible to I1); page 3 had 3 and got one more
+    assert filled.tolist() == [0, 0, 2, 4, 0, 0]
+    writer2, filled2 = writer.clone(), filled.clone()
+    store_kv(data[:, 1, 0], data[:, 1, 1], k_new, v_new, slots, tags, writer2, filled2, stamp=False)
+    assert torch.equal(writer2, writer) and torch.equal(filled2, filled)  # later layers do not stamp
 
 
 @pytest.mark.parametrize("value", [0.0, float("nan")])

@@ -176,7 +176,9 @@ def test_triton_store_kv_writes_only_addressed_slots(seeded):
             expected[slot // 4, 2, 1, slot % 4] = v_new[t]
     assert torch.equal(data, expected), seed
     assert writer.tolist() == [-1, -1, make_tag(1, 1), make_tag(2, 5), -1, -1, make_tag(3, 3)], seed
-    assert filled.tolist() == [0, 0, 3, 3, 0, 0, 4], seed
+    assert filled.tolist() == [0, 0, 2, 4, 0, 0, 1], seed  # slots written, gaps show
+    store_kv(data[:, 2, 0], data[:, 2, 1], k_new, v_new, slots, tags, writer, filled, stamp=False)
+    assert filled.tolist() == [0, 0, 2, 4, 0, 0, 1], seed
 
 
 @pytest.mark.parametrize("value", [0.0, float("nan")])

@@ -1,0 +1,98 @@
+"""LocalServer: `python main.py serve` in a subprocess on loopback with free ports, driven
+through the real EngineClient — for `reproduce`, the benches and the end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine.client import EngineClient, TelemetrySubscriber
+from engine.config import REPO_ROOT, EngineConfig
+
+READY_TIMEOUT_S = 180.0
+
+
+def write_config(path: Path, base: EngineConfig | None = None, **sections) -> Path:
+    """A TOML config: `base` (default: CPU, torch kernels, canaries off — they would add
+    requests at a time no test controls) with `sections` merged in (engine={...}, ...)."""
+    if base is None:
+        base = EngineConfig().replace(model={"device": "cpu"}, engine={"kernels": "torch"},
+                                      canaries={"enabled": False})
+    config = base.replace(**sections)
+    lines = []
+    for name, values in config.to_dict().items():
+        if name == "pools":
+            for pool, pool_values in values.items():
+                lines.append(f"[pools.{pool}]")
+                lines += [f"{k} = {json.dumps(v)}" for k, v in pool_values.items()]
+            continue
+        lines.append(f"[{name}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class LocalServer:
+    def __init__(self, config_path: Path, *extra: str, bind: str = "tcp://127.0.0.1:0"):
+        self.log_path = config_path.with_suffix(".log")
+        with open(self.log_path, "wb") as log:  # a file, so a chatty server never blocks on a pipe
+            self.proc = subprocess.Popen(
+                [sys.executable, "main.py", "serve", "--config", str(config_path), "--bind", bind, "--json", *extra],
+                cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
+            )
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            self.proc.stdout.close()
+            raise RuntimeError(f"serve did not start: {self.log_path.read_text()}")
+        self.ready = json.loads(line)
+        self.control, self.telemetry = self.ready["control"], self.ready["telemetry"]
+        self._clients: list[EngineClient] = []
+
+    def subscriber(self, topics=("",), **kwargs) -> TelemetrySubscriber:
+        sub = TelemetrySubscriber(self.telemetry, topics, **kwargs)
+        self._clients.append(sub)
+        return sub
+
+    def client(self, **kwargs) -> EngineClient:
+        client = EngineClient(self.control, timeout_s=kwargs.pop("timeout_s", 120.0), **kwargs)
+        self._clients.append(client)
+        return client
+
+    def wait_workers(self, client: EngineClient, state: str = "ready", names=None,
+                     timeout_s: float = READY_TIMEOUT_S) -> dict:
+        """Poll status until the named workers (default: all) are in `state`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = client.status()
+            workers = {w["name"]: w for w in status["workers"]}
+            wanted = names or list(workers)
+            if all(workers[n]["state"] == state for n in wanted):
+                return status
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers not {state} after {timeout_s} s: "
+                                   f"{[(n, w['state'], w['reason']) for n, w in workers.items()]}")
+            time.sleep(0.2)
+
+    def kill(self) -> None:
+        """SIGKILL the supervisor (its workers follow it: they die with their parent)."""
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        for client in self._clients:
+            client.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
