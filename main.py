@@ -17,6 +17,8 @@ def add_gui_args(parser) -> None:
     parser.add_argument("--client-keys", help="this client's key file or directory (CURVE)")
     parser.add_argument("--readonly", action="store_true", help="show only: every control action disabled")
     parser.add_argument("--config", help="config of the hosted engine (default: resources/configs/default.toml)")
+    parser.add_argument("--allow-faults", action="store_true",
+                        help="start the hosted engine with --allow-faults (reproducing incidents)")
     parser.add_argument("--theme", choices=["system", "dark", "light"], default="system")
     parser.add_argument("--demo-load", action="store_true", help="start the demo load at once")
     parser.add_argument("--screenshot", metavar="FILE", help="with --quit-after: save the window as a PNG")

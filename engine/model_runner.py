@@ -77,6 +77,11 @@ class ModelRunner:
         in_use = np.arange(pages.shape[1])[None, :] <= columns[:, None]
         owned = (pool.owner[pages] == reader[:, None]) & (pool.epoch[pages] == (expected & 0xFFFFFFFF))
         foreign = in_use & ~owned
+        if not self.check_writer_tags and foreign[rows, columns].any():
+            # the defence is off, so these writes land: the pages are nobody's from now on
+            pool.taint(pages[rows, columns][foreign[rows, columns]])
+        if pool.any_tainted:  # including for their owners, whose own writes restamp the tag
+            foreign |= in_use & pool.tainted[pages]
         not_owned = [pages[b][foreign[b]] for b in range(n)] if foreign.any() else [_NONE] * n
         if foreign.any() and self.check_writer_tags:
             expected_t = self._tensor(np.where(foreign, NOT_YOURS, expected))

@@ -150,6 +150,7 @@ class Engine:
     # ---- the loop --------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Prefill newly started requests, decode one token for the running ones."""
+        self.pool.release_quarantine()
         plan = self.scheduler.schedule()
         outputs: list[RequestOutput] = []
         if plan.prefill:
@@ -252,7 +253,7 @@ class Engine:
         pages = self._report_ownership(req, masked, foreign, prevented=True)
         own = [p["page"] for p in pages if p["owner"] == req.slot]
         if own:
-            self.pool.set_state(req.slot, own, PageState.QUARANTINED)  # scrubbed when freed
+            self.pool.set_state(req.slot, own, PageState.QUARANTINED)  # held as evidence, then scrubbed
         first = pages[0] if pages else {"page": "?", "writer": None, "expected": None}
         error = OwnershipViolation(
             f"request {req.request_id} (slot {req.slot}) met {masked} page(s) it does not own "

@@ -44,7 +44,8 @@ class App:
             QTimer.singleShot(0, lambda: self.window.toggle_demo(True))
 
     def host(self, config: str | None) -> None:
-        self.hosted = HostedEngine(config, parent=self.window)
+        extra = ["--allow-faults"] if getattr(self.args, "allow_faults", False) else []
+        self.hosted = HostedEngine(config, extra, parent=self.window)
         self.hosted.ready.connect(lambda control, _tel: self.attach(control, hosted=True))
         self.hosted.failed.connect(self._hosted_failed)
         self.window.status_line.set_connection("hosted engine starting")

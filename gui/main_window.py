@@ -12,7 +12,7 @@ import time
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import (
-    QApplication, QDockWidget, QMainWindow, QMessageBox, QTabWidget, QToolBar, QVBoxLayout, QWidget,
+    QApplication, QDockWidget, QMainWindow, QMessageBox, QSplitter, QTabWidget, QToolBar, QVBoxLayout, QWidget,
 )
 
 from engine.client import __version__
@@ -22,6 +22,7 @@ from gui.dialogs.attach_dialog import AttachDialog
 from gui.dialogs.reconfigure_dialog import ReconfigureDialog
 from gui.model.engine_state import EngineState
 from gui.theme import apply_theme
+from gui.widgets.alert_detail import AlertDetail
 from gui.widgets.alerts_table import AlertsTable
 from gui.widgets.capacity_banner import CapacityBanner
 from gui.widgets.metrics_plots import MetricsPlots
@@ -38,7 +39,7 @@ SHORTCUTS = {
     "Attach to an engine": "Ctrl+O", "Export incident snapshot": "Ctrl+E", "Demo load on/off": "Ctrl+D",
     "Reconfigure": "Ctrl+R", "Refresh page maps (keyframe)": "F5", "Colour by request / tenant / state": "1 / 2 / 3",
     "Start / stop / restart the selected worker": "Ctrl+Shift+S / Ctrl+Shift+X / Ctrl+Shift+R",
-    "Acknowledge selected alerts": "Ctrl+K", "Quit": "Ctrl+Q",
+    "Acknowledge selected alerts": "Ctrl+K", "Fire a canary request": "Ctrl+Shift+C", "Quit": "Ctrl+Q",
 }
 
 
@@ -56,6 +57,7 @@ class MainWindow(QMainWindow):
         self.demo: DemoLoad | None = None
         self._changed: set[str] = set()
         self._pending_reconfigure: dict[int, bool] = {}
+        self._scope_ticket: int | None = None
         self._last_keyframe_ask = 0.0
         self._was_stale = None
         self.setWindowTitle("PageWarden")
@@ -85,9 +87,15 @@ class MainWindow(QMainWindow):
         self.alerts_table = AlertsTable(state)
         self.workers_panel = WorkersPanel(state)
         self.metrics = MetricsPlots(state)
+        self.alert_detail = AlertDetail(state)
+        alerts = QSplitter(Qt.Orientation.Horizontal)
+        alerts.addWidget(self.alerts_table)
+        alerts.addWidget(self.alert_detail)
+        alerts.setStretchFactor(0, 3)
+        alerts.setStretchFactor(1, 2)
         bottom = QTabWidget()
         bottom.addTab(self.requests_table, "Requests")
-        bottom.addTab(self.alerts_table, "Alerts")
+        bottom.addTab(alerts, "Alerts")
         self.bottom_tabs = bottom
         self._dock("Requests and alerts", bottom, Qt.DockWidgetArea.BottomDockWidgetArea)
         self._dock("Workers", self.workers_panel, Qt.DockWidgetArea.RightDockWidgetArea)
@@ -102,6 +110,9 @@ class MainWindow(QMainWindow):
         self.workers_panel.reconfigure_requested.connect(self.open_reconfigure)
         self.banner.reconfigure_requested.connect(self.open_reconfigure)
         self.alerts_table.acknowledge_requested.connect(self.acknowledge_alerts)
+        self.alerts_table.view.selectionModel().selectionChanged.connect(self._alert_selected)
+        self.alert_detail.scope_requested.connect(self._ask_scope)
+        self.alert_detail.request_clicked.connect(self.select_request)
 
     def _dock(self, title: str, widget: QWidget, area) -> QDockWidget:
         dock = QDockWidget(title, self)
@@ -146,6 +157,8 @@ class MainWindow(QMainWindow):
         }
         self.ack_action = self._action(engine, "Acknowledge selected alerts", self.alerts_table.acknowledge_selected,
                                        "Ctrl+K", control=True)
+        self.canary_action = self._action(engine, "Fire a &canary", lambda: self.request("canary"),
+                                          "Ctrl+Shift+C", control=True)
         view = bar.addMenu("&View")
         modes = QActionGroup(self)
         for i, (mode, text) in enumerate((("request", "Colour by &request"), ("tenant", "Colour by &tenant"),
@@ -191,7 +204,7 @@ class MainWindow(QMainWindow):
         # a new engine: new state object for every view
         state = EngineState()
         for view in (self.banner, self.page_map, self.requests_table, self.alerts_table, self.workers_panel,
-                     self.metrics, self.status_line):
+                     self.metrics, self.status_line, self.alert_detail):
             view.state = state
         return state
 
@@ -219,6 +232,9 @@ class MainWindow(QMainWindow):
         error = result.get("error") if isinstance(result, dict) else None
         if op == "submit" and self.demo is not None:
             self.demo.started(result["stream"])
+            return
+        if op == "scope" and ticket == self._scope_ticket:
+            self.alert_detail.show_scope([] if error else result.get("pairs", []))
             return
         if op == "reconfigure" and ticket in self._pending_reconfigure:
             apply = self._pending_reconfigure.pop(ticket)
@@ -291,6 +307,21 @@ class MainWindow(QMainWindow):
         worker = self.workers_panel.selected_worker()
         if worker:
             self.workers_panel.ask(op, worker)
+
+    def _alert_selected(self, *_) -> None:
+        rows = self.alerts_table.selected_rows()
+        if len(rows) == 1:  # a refresh that drops the selection keeps the detail on screen
+            self.alert_detail.show_alert(rows[0])
+
+    def _ask_scope(self, since: float, until: float) -> None:
+        self._scope_ticket = self.request("scope", since=since, until=until)
+
+    def select_request(self, request_id: str) -> None:
+        """Select a request everywhere: the page maps highlight it, the table shows it."""
+        self.page_map.select_request(request_id)
+        self.requests_table.select_request(request_id)
+        self.state.selected_request = request_id
+        self._changed.add("pages")
 
     def acknowledge_alerts(self, ids: list) -> None:
         self.request("ack_alert", ids=list(ids))

@@ -23,6 +23,18 @@ def register(sub) -> None:
     workers.add_argument("--json", action="store_true")
     workers.set_defaults(func=cmd_workers)
 
+    canary = sub.add_parser("canary", help="fire a canary request now (a random marker others must never see)")
+    add_engine_args(canary)
+    canary.add_argument("--json", action="store_true")
+    canary.set_defaults(func=cmd_canary)
+
+    scope = sub.add_parser("scope", help="incident scoping: which requests received which others' data",
+                           description="Affected pairs (reader, source, pages, times) from the engine's read log.")
+    add_engine_args(scope)
+    scope.add_argument("--since-minutes", type=float, help="only the last N minutes (default: all kept)")
+    scope.add_argument("--json", action="store_true")
+    scope.set_defaults(func=cmd_scope)
+
     submit = sub.add_parser("submit", help="send a prompt to a running engine and stream the answer")
     add_engine_args(submit)
     source = submit.add_mutually_exclusive_group(required=True)
@@ -124,3 +136,33 @@ def cmd_submit(args) -> int:
         print(f"\n[{len(done['token_ids'])} tokens, finish={done['finish_reason']}, "
               f"ttft {1e3 * (done['ttft_s'] or 0):.1f} ms, {done['elapsed_s']:.2f} s]", file=sys.stderr)
     return EXIT_OK
+
+
+def cmd_canary(args) -> int:
+    try:
+        with connect(args) as client:
+            result = client.call("canary")
+    except _client_errors() as exc:
+        return fail(args, exc, EXIT_FINDING)
+    print(json.dumps(result) if args.json else f"canary {result['request_id']} sent (marker {result['marker']})")
+    return EXIT_OK
+
+
+def cmd_scope(args) -> int:
+    import time
+
+    since = time.time() - 60 * args.since_minutes if args.since_minutes else None
+    try:
+        with connect(args) as client:
+            result = client.call("scope", since=since)
+    except _client_errors() as exc:
+        return fail(args, exc, EXIT_FINDING)
+    if args.json:
+        print(json.dumps(result))
+        return EXIT_OK
+    pairs = result["pairs"]
+    print(f"{len(pairs)} affected pair(s) ({result['reads']} cross-request reads logged)")
+    for p in pairs:
+        print(f"  {p['reader']} received data of {p['source'] or 'slot ' + str(p['source_slot'])}: "
+              f"{len(p['pages'])} page(s), {p['reads']} read(s)")
+    return EXIT_FINDING if pairs else EXIT_OK

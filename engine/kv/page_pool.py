@@ -12,6 +12,7 @@ allocate/free without a device round trip.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,7 +91,14 @@ class PagePool:
         self._free_top = num_pages
         self.scrubbed_pages = 0
         self.scrub_enabled = True  # the I5 defence switch (and the skip_scrub fault) turn it off
+        self.quarantine_s = 30.0  # how long violated pages stay visible before their scrub
+        self._quarantine: list[tuple[float, int, np.ndarray]] = []
         self.provenance = np.full((num_pages, layout.page_size), -1, dtype=np.int32) if provenance else None
+        # Pages another request wrote into this epoch (only possible with the writer-tag
+        # defence off): I1 fails for them until they are handed out again, even after the
+        # owner's own next write restamps the page's writer tag.
+        self.tainted = np.zeros(num_pages, dtype=bool)
+        self.any_tainted = False
         # Pages whose metadata changed since the last take_dirty(), for telemetry deltas.
         # Off unless someone watches: then every metadata change appends its pages here.
         self.track_dirty = False
@@ -142,6 +150,8 @@ class PagePool:
         self.epoch[pages] += 1
         self.owner[pages] = slot
         self.state[pages] = PageState.RESERVED
+        if self.any_tainted:
+            self.tainted[pages] = False
         if n:
             # Nothing of this epoch is written yet; the writer tag keeps the previous
             # writer for forensics and can never match the new epoch.
@@ -166,15 +176,38 @@ class PagePool:
         self._free_top = top + len(pages)
         self.mark_dirty(pages)
 
-    def release(self, slot: int, pages) -> np.ndarray:
+    def release(self, slot: int, pages, now: float | None = None) -> np.ndarray:
         """Free those of `pages` that `slot` still owns; return the ones it does not (a page
-        table that went stale must not crash the worker, and must be reported)."""
+        table that went stale must not crash the worker, and must be reported). QUARANTINED
+        pages are held as evidence for `quarantine_s` seconds, then scrubbed and freed."""
         pages = np.asarray(pages, dtype=np.int64).reshape(-1)
         pages = pages[(pages >= 0) & (pages < self.num_pages)]
         pages = np.unique(pages)
         mine = self.owner[pages] == slot
-        self.free(slot, pages[mine])
+        held = mine & (self.state[pages] == PageState.QUARANTINED)
+        if held.any():
+            now = time.monotonic() if now is None else now
+            self._quarantine.append((now + self.quarantine_s, slot, pages[held]))
+        self.free(slot, pages[mine & ~held])
         return pages[~mine].astype(np.int32)
+
+    def release_quarantine(self, now: float | None = None) -> int:
+        """Scrub and free quarantined pages whose hold has run out; returns how many."""
+        now = time.monotonic() if now is None else now
+        due = [q for q in self._quarantine if q[0] <= now]
+        if not due:
+            return 0
+        self._quarantine = [q for q in self._quarantine if q[0] > now]
+        for _, slot, pages in due:
+            self.free(slot, pages[self.owner[pages] == slot])
+        return sum(len(p) for _, _, p in due)
+
+    def taint(self, pages) -> None:
+        """`pages` were written by a request that does not own them (see `tainted`)."""
+        pages = np.asarray(pages, dtype=np.int64).reshape(-1)
+        if len(pages):
+            self.tainted[pages] = True
+            self.any_tainted = True
 
     def record_content(self, flat_slots: np.ndarray, writer_slots: np.ndarray) -> None:
         """Provenance: the token slots (page * page_size + offset) now hold `writer_slots`' data."""

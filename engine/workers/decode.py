@@ -59,6 +59,10 @@ class DecodeWorker(WorkerLoop):
     def busy(self) -> bool:
         return bool(self.engine.scheduler.running)
 
+    def _periodic(self) -> None:
+        self.engine.pool.release_quarantine()  # held evidence goes back, scrubbed, in time
+        super()._periodic()
+
     # ---- commands ---------------------------------------------------------------------
     def handle(self, msg: Message) -> None:
         if msg.op == "reserve":

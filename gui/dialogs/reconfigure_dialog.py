@@ -1,4 +1,5 @@
-"""ReconfigureDialog: edit the window, page size, batch, scrub policy, writer tags and pool sizes.
+"""ReconfigureDialog: edit the window, page size, batch, scrub policy, pool sizes and — only on
+an engine started with --allow-faults, in a red danger zone — the defences and faults.
 
 Validate sends the changed keys; the engine answers with the capacity consequence and the
 workers that will restart (`show_result`). Apply is enabled only while the fields hold
@@ -10,7 +11,7 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFormLayout,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox,
                                QHBoxLayout, QLabel, QPushButton, QSpinBox, QTextBrowser, QVBoxLayout, QWidget)
 
 from gui import theme
@@ -24,9 +25,19 @@ INT_MAX = (1 << 31) - 1
 KEYS = {
     "context_window": ("engine", "context_window"), "page_size": ("engine", "page_size"),
     "max_batch": ("engine", "max_batch"), "scrub_policy": ("engine", "scrub_policy"),
-    "check_writer_tags": ("engine", "check_writer_tags"),
     "prefill_pages": ("pools", "prefill", "pages"), "decode_pages": ("pools", "decode", "pages"),
 }
+DEFENCES = (("admission", "Admission (I2): refuse what cannot fit"),
+            ("manifest_check", "Manifest check (I3): transfers must match their reservation"),
+            ("writer_tag_check", "Writer-tag check (I1): read and write only own pages"),
+            ("deferred_release", "Deferred release (I4): hold in-flight pages until their transfer ends"),
+            ("scrub", "Scrub (I5): wipe freed pages"))
+FAULTS = (("placeholder_on_reject", "placeholder on reject — the 2026 incident"),
+          ("skip_scrub", "skip scrub"), ("early_release", "early release of reserved pages"),
+          ("short_transfer", "short transfer (a page fewer than the manifest)"),
+          ("stale_block_table", "stale block table entry"))
+KEYS.update({f"defence_{name}": ("defences", name) for name, _ in DEFENCES})
+KEYS.update({f"fault_{name}": ("faults", name) for name, _ in FAULTS})
 
 
 def config_value(config: dict, path: tuple):
@@ -99,8 +110,13 @@ class ReconfigureDialog(QDialog):
             self.scrub_policy.addItem(label, value)
         self.prefill_pages = _spin(1, INT_MAX)
         self.decode_pages = _spin(1, INT_MAX)
-        self.check_writer_tags = QCheckBox("Check writer tags (I1 defence)")
-        self.writer_tags_note = QLabel("Dangerous to turn off: attention could read\npages that another request wrote.")
+        self.defence_boxes = {name: QCheckBox(label) for name, label in DEFENCES}
+        self.fault_boxes = {name: QCheckBox(label) for name, label in FAULTS}
+        self.check_writer_tags = self.defence_boxes["writer_tag_check"]
+        self.allow_faults = bool(state.engine.get("allow_faults"))
+        self.writer_tags_note = QLabel("Dangerous: each defence off lets a class of leak through, and each fault "
+                                       "injects a bug.\nOnly for reproducing incidents (engine started with "
+                                       "--allow-faults).")
         self.pool_hints = {pool: QLabel() for pool in ("prefill", "decode")}
         self._load(self.original)
 
@@ -111,8 +127,16 @@ class ReconfigureDialog(QDialog):
         form.addRow("Scrub policy (I5)", self.scrub_policy)
         form.addRow("Prefill pool (pages)", _with_hint(self.prefill_pages, self.pool_hints["prefill"]))
         form.addRow("Decode pool (pages)", _with_hint(self.decode_pages, self.pool_hints["decode"]))
-        form.addRow("", self.check_writer_tags)
-        form.addRow("", self.writer_tags_note)
+        danger = QGroupBox("Danger zone: defences and faults")
+        danger.setStyleSheet(f"QGroupBox {{ color: {theme.color('danger').name()}; font-weight: bold; }}")
+        danger_layout = QVBoxLayout(danger)
+        danger_layout.addWidget(self.writer_tags_note)
+        for box in (*self.defence_boxes.values(), *self.fault_boxes.values()):
+            danger_layout.addWidget(box)
+        danger.setEnabled(self.allow_faults)
+        if not self.allow_faults:
+            danger.setToolTip("This engine was not started with --allow-faults")
+        self.danger = danger
 
         # a text browser scrolls long verdicts instead of squeezing the form above it
         self.result_view = QTextBrowser()
@@ -133,6 +157,7 @@ class ReconfigureDialog(QDialog):
 
         layout = QVBoxLayout(self)
         layout.addLayout(form)
+        layout.addWidget(self.danger)
         layout.addWidget(QLabel("<b>Consequence</b>"))
         layout.addWidget(self.result_view, 1)
         layout.addWidget(buttons)
@@ -140,7 +165,8 @@ class ReconfigureDialog(QDialog):
             box.valueChanged.connect(self._edited)
         for combo in (self.page_size, self.scrub_policy):
             combo.currentIndexChanged.connect(self._edited)
-        self.check_writer_tags.toggled.connect(self._edited)
+        for box in (*self.defence_boxes.values(), *self.fault_boxes.values()):
+            box.toggled.connect(self._edited)
         self.resize(max(640, self.sizeHint().width()), self.sizeHint().height())
         self._edited()
 
@@ -157,15 +183,19 @@ class ReconfigureDialog(QDialog):
         self.scrub_policy.setCurrentIndex(max(0, self.scrub_policy.findData(get("scrub_policy", "zero"))))
         self.prefill_pages.setValue(int(get("prefill_pages", 4096)))
         self.decode_pages.setValue(int(get("decode_pages", 4096)))
-        self.check_writer_tags.setChecked(bool(get("check_writer_tags", True)))
+        for name, box in self.defence_boxes.items():
+            box.setChecked(bool(get(f"defence_{name}", True)))
+        for name, box in self.fault_boxes.items():
+            box.setChecked(bool(get(f"fault_{name}", False)))
 
     def values(self) -> dict:
         """The fields as flat keys (see KEYS)."""
         return {
             "context_window": self.context_window.value(), "page_size": self.page_size.currentData(),
             "max_batch": self.max_batch.value(), "scrub_policy": self.scrub_policy.currentData(),
-            "check_writer_tags": self.check_writer_tags.isChecked(),
             "prefill_pages": self.prefill_pages.value(), "decode_pages": self.decode_pages.value(),
+            **{f"defence_{n}": b.isChecked() for n, b in self.defence_boxes.items()},
+            **{f"fault_{n}": b.isChecked() for n, b in self.fault_boxes.items()},
         }
 
     def changes(self) -> dict:
@@ -175,8 +205,9 @@ class ReconfigureDialog(QDialog):
     def set_readonly(self, readonly: bool) -> None:
         self._readonly = bool(readonly)
         for field in (self.context_window, self.page_size, self.max_batch, self.scrub_policy,
-                      self.prefill_pages, self.decode_pages, self.check_writer_tags):
+                      self.prefill_pages, self.decode_pages):
             field.setEnabled(not readonly)
+        self.danger.setEnabled(self.allow_faults and not readonly)
         self._update_buttons()
 
     # ---- validate / apply ------------------------------------------------------------------
@@ -231,7 +262,8 @@ class ReconfigureDialog(QDialog):
 
     def _edited(self, *_) -> None:
         values = self.values()
-        tags_off = not values["check_writer_tags"]
+        tags_off = any(not v for k, v in values.items() if k.startswith("defence_")) or \
+            any(v for k, v in values.items() if k.startswith("fault_"))
         self.writer_tags_note.setStyleSheet(f"color: {theme.color('danger' if tags_off else 'muted').name()};"
                                             + (" font-weight: bold;" if tags_off else ""))
         window, size = values["context_window"], values["page_size"]

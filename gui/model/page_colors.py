@@ -42,6 +42,8 @@ NUM_COLOURS = (256 - RESERVED_INDICES) // 2  # 120 owner colours
 BRIGHT_BASE = RESERVED_INDICES
 DIM_BASE = RESERVED_INDICES + NUM_COLOURS
 NEUTRAL_COLOUR = 255  # colour id meaning "no palette colour" (never a real colour: < NUM_COLOURS)
+CANARY_COLOUR = 254  # colour id of canary requests' pages (their own colour, never an owner's)
+CANARY_TENANT = "canary"
 
 MODES = ("request", "tenant", "state")
 LEVELS = (0, 256)  # pyqtgraph levels giving the identity index -> LUT mapping for 0..255
@@ -202,15 +204,19 @@ class SlotColours:
 
 
 class OwnerColours(SlotColours):
-    """Request slot -> owner colour, with recycling driven by per-colour page counts."""
+    """Request slot -> owner colour, with recycling driven by per-colour page counts.
+    Canary requests (tenant `canary`) all show the canary colour."""
 
-    def __init__(self):
+    def __init__(self, tenant_of_slot: Callable[[int], str | None] | None = None):
         super().__init__(self._assign)
+        self.tenant_of_slot = tenant_of_slot or (lambda slot: None)
         self.pages = np.zeros(NUM_COLOURS, dtype=np.int64)  # pages shown in each colour, all pools
         self.owners = np.zeros(NUM_COLOURS, dtype=np.int64)  # slots assigned to each colour
         self._slots: list[set[int]] = [set() for _ in range(NUM_COLOURS)]
 
     def _assign(self, slot: int) -> tuple[int, bool]:
+        if self.tenant_of_slot(slot) == CANARY_TENANT:
+            return CANARY_COLOUR, True
         colour = int(np.argmin(self.owners))  # a free colour (0 owners) first, lowest index
         self.owners[colour] += 1
         self._slots[colour].add(slot)
@@ -258,6 +264,8 @@ class TenantColours(SlotColours):
             self.unknown.add(slot)
             return NEUTRAL_COLOUR, False
         self.unknown.discard(slot)
+        if tenant == CANARY_TENANT:
+            return CANARY_COLOUR, True
         return self.colour_of_tenant(tenant), True  # a slot's tenant never changes
 
     def colour_of_tenant(self, tenant: str) -> int:
@@ -285,7 +293,7 @@ class PageColors:
 
     def __init__(self, theme: str = "dark", tenant_of_slot: Callable[[int], str | None] | None = None, *,
                  background: tuple[int, int, int] | None = None):
-        self.owners = OwnerColours()
+        self.owners = OwnerColours(tenant_of_slot)
         self.tenants = TenantColours(tenant_of_slot)
         self._mode = "request"
         self.set_theme(theme, background)
@@ -331,6 +339,7 @@ class PageColors:
 
     def set_tenant_lookup(self, tenant_of_slot: Callable[[int], str | None]) -> None:
         self.tenants.tenant_of_slot = tenant_of_slot
+        self.owners.tenant_of_slot = tenant_of_slot
 
     def begin_frame(self) -> None:
         """Before updating the pools of a frame: pick up tenants learned since the last one."""
@@ -415,6 +424,7 @@ def _index_table() -> np.ndarray:
                                  (WRITTEN, BRIGHT_BASE, NEUTRAL)):
         table[state, :] = neutral
         table[state, :NUM_COLOURS] = base + np.arange(NUM_COLOURS)
+        table[state, CANARY_COLOUR] = CANARY_PAGE
     return table.reshape(-1)
 
 

@@ -84,6 +84,8 @@ class _PoolView:
             rows, cols = img.shape
             self.view.setLimits(xMin=-cols, xMax=2 * cols, yMin=-rows, yMax=2 * rows)
             self.view.setRange(xRange=(0, cols), yRange=(0, rows), padding=0.01)
+            # keep the whole pool in view as the window resizes (until the user zooms)
+            self.view.enableAutoRange(pg.ViewBox.XYAxes, True)
             image_changed = True
         if image_changed or self.lut is None or not np.array_equal(lut, self.lut):
             self.lut = lut
@@ -262,14 +264,16 @@ class PageMapWidget(QWidget):
         share = f" ({100 * used / total:.1f}%)" if total else ""
         role = "" if pool.role in pool.name else f" {pool.role}"  # "prefill-0" already says it
         text = f"<span style='color:{fg}'><b>{pool.name}</b>{role} · {used:,}/{total:,} used{share}</span>"
+        # notes go on a second line: a long title would widen its column past the window
+        notes = []
         if image.quarantined_pages:
-            text += f" · <b style='color:{_hex(t.quarantined)}'>{image.quarantined_pages:,} quarantined</b>"
+            notes.append(f"<b style='color:{_hex(t.quarantined)}'>{image.quarantined_pages:,} quarantined</b>")
         warning = theme.color("warning", t.name).name()
         if self._stale:
-            text += f" · <span style='color:{warning}'>telemetry stale: last known pages</span>"
+            notes.append(f"<span style='color:{warning}'>telemetry stale: last known pages</span>")
         elif pool.stale:
-            text += f" · <span style='color:{warning}'>missed a delta: waiting for a keyframe</span>"
-        return text
+            notes.append(f"<span style='color:{warning}'>missed a delta: waiting for a keyframe</span>")
+        return text + ("<br>" + " · ".join(notes) if notes else "")
 
     def _apply_theme_colours(self) -> None:
         t = self.colors.theme

@@ -55,8 +55,12 @@ def dialog(qtbot):
 
 
 def test_fields_are_prefilled_from_the_engine_config(dialog):
-    assert dialog.values() == {"context_window": 8192, "page_size": 16, "max_batch": 16, "scrub_policy": "zero",
-                               "check_writer_tags": True, "prefill_pages": 1024, "decode_pages": 2048}
+    values = dialog.values()
+    assert {k: v for k, v in values.items() if not k.startswith(("defence_", "fault_"))} == {
+        "context_window": 8192, "page_size": 16, "max_batch": 16, "scrub_policy": "zero",
+        "prefill_pages": 1024, "decode_pages": 2048}
+    assert all(v for k, v in values.items() if k.startswith("defence_"))
+    assert not any(v for k, v in values.items() if k.startswith("fault_"))
     assert dialog.changes() == {}
     assert "measurement only" in dialog.scrub_policy.itemText(dialog.scrub_policy.findData("none"))
 
@@ -129,10 +133,24 @@ def test_strict_capacity_refusal_and_errors_keep_apply_disabled(qtbot):
     assert "power of two" in dlg.result_view.toPlainText() and not dlg.apply_button.isEnabled()
 
 
+def test_danger_zone_only_with_allow_faults(qtbot):
+    state = engine_state()
+    dlg = ReconfigureDialog(state)
+    qtbot.addWidget(dlg)
+    assert not dlg.danger.isEnabled()  # an engine without --allow-faults
+    state.engine["allow_faults"] = True
+    dlg = ReconfigureDialog(state)
+    qtbot.addWidget(dlg)
+    assert dlg.danger.isEnabled()
+    dlg.fault_boxes["placeholder_on_reject"].setChecked(True)
+    dlg.defence_boxes["manifest_check"].setChecked(False)
+    assert dlg.changes() == {"faults": {"placeholder_on_reject": True}, "defences": {"manifest_check": False}}
+
+
 def test_writer_tags_warning_and_readonly(dialog):
     assert "I1" in dialog.check_writer_tags.text()
     dialog.check_writer_tags.setChecked(False)
-    assert dialog.changes() == {"engine": {"check_writer_tags": False}}
+    assert dialog.changes() == {"defences": {"writer_tag_check": False}}
     assert "Dangerous" in dialog.writer_tags_note.text()
     dialog.validate()
     dialog.show_result(reconfigure_reply(dialog.changes(), restart=()))

@@ -386,3 +386,20 @@ def test_a_keyframe_of_another_size_rebuilds_the_grid_and_gives_colours_back():
     assert (image.counts == np.bincount(image.owner_image.reshape(-1), minlength=256)).all()
     assert colors.owners.pages.sum() == 3 and colors.owners.cached(1) is None
     assert image.used_pages == 3 and (image.image.reshape(-1)[100:] == NO_PAGE).all()
+
+
+def test_canary_requests_show_the_canary_colour_in_request_and_tenant_modes():
+    import numpy as np
+
+    from gui.model.page_colors import CANARY_PAGE, PageColors
+
+    tenants = {1: "acme", 2: "canary"}
+    colors = PageColors("dark", tenants.get)
+    owner = np.array([1, 2, 2, -1], dtype=np.int32)
+    state = np.array([3, 3, 1, 0], dtype=np.uint8)
+    for mode in ("request", "tenant"):
+        colors.mode = mode
+        idx = colors.display_indices(owner, state)
+        assert idx[1] == CANARY_PAGE and idx[2] == CANARY_PAGE  # written and reserved alike
+        assert idx[0] != CANARY_PAGE
+    assert tuple(colors.lut()[CANARY_PAGE, :3]) != tuple(colors.lut()[idx[0], :3])

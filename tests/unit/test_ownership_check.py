@@ -3,6 +3,8 @@ and reader, and the reading request is aborted before the token reaches the clie
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -47,7 +49,10 @@ def test_foreign_writer_aborts_the_reader_and_quarantines_the_page(make_engine):
     assert a.error.pages[0]["page"] == victim_page and a.error.pages[0]["owner"] == a.slot
     assert engine.counters.ownership_violations == 1
     assert engine.counters.isolation_events[0]["request"] == "a"
-    # a's pages were freed; the quarantined one was scrubbed whatever the policy.
+    # a's other pages were freed; the quarantined one is held as evidence, then scrubbed
+    # whatever the policy
+    assert engine.pool.state[victim_page] == PageState.QUARANTINED and engine.pool.owner[victim_page] == a.slot
+    assert engine.pool.release_quarantine(now=time.monotonic() + engine.pool.quarantine_s + 1) == 1
     assert engine.pool.owner[victim_page] == -1
     assert (engine.pool.data[victim_page] == 0).all()
     # The other request is untouched and finishes.
@@ -123,3 +128,57 @@ def test_pages_become_written_as_tokens_land(make_engine):
     assert states() == [PageState.WRITTEN, PageState.WRITTEN, PageState.RESERVED]
     filled = engine.pool.filled[torch.from_numpy(req.page_table.pages.astype(np.int64))].tolist()
     assert filled == [16, 1, 0]
+
+
+def test_a_page_another_request_wrote_into_flags_its_owner_when_it_reads_the_write(make_engine):
+    # a's stale table names b's first page; a writes its token there over one b already
+    # wrote, while b (same batch) writes into that page too and so restamps its writer tag.
+    # With the defence off the write happens: b then reads a's data and must be reported.
+    engine = make_engine(page_size=16, defences={"writer_tag_check": False})
+    a = engine.submit([256] * 18, SamplingParams(max_new_tokens=8, ignore_eos=True), request_id="a")
+    b = engine.submit([256] * 5, SamplingParams(max_new_tokens=8, ignore_eos=True), request_id="b")
+    engine.step()  # both prefilled: b holds offsets 0-4 of its first page, a is at position 18
+    engine.take_events()
+    stolen = int(b.page_table.pages[0])
+    a.page_table.pages[1] = stolen  # a writes position 18 to offset 2 of b's page
+    engine.runner._tables_key = None
+    engine.step()
+    events = engine.take_events()
+    reads = {e["request"] for e in events if e["kind"] == "cross_read"}
+    caught = {e["request"] for e in events if e["kind"] == "ownership_violation"}
+    assert engine.pool.provenance[stolen, 2] == a.slot  # the write happened
+    assert reads == {"a", "b"}  # ground truth: each read the other's data
+    assert caught == reads  # and the detector saw both
+    b_pages = next(e["pages"] for e in events if e["kind"] == "ownership_violation" and e["request"] == "b")
+    assert [p["page"] for p in b_pages] == [stolen]
+
+
+def test_a_page_written_by_another_fails_i1_for_its_owner_until_handed_out_again(make_engine):
+    # I1 is per page: once a wrote into b's page, b's reads of that page are reported on
+    # every step (b's own writes restamp the tag, the taint stays), and the next owner of
+    # the page after b is clean.
+    engine = make_engine(page_size=16, defences={"writer_tag_check": False})
+    b = engine.submit([256] * 5, SamplingParams(max_new_tokens=6, ignore_eos=True), request_id="b")
+    a = engine.submit([256] * 24, SamplingParams(max_new_tokens=2, ignore_eos=True), request_id="a")
+    engine.step()
+    engine.take_events()
+    stolen = int(b.page_table.pages[0])
+    a.page_table.pages[1] = stolen  # a writes position 24 into offset 8 of b's page
+    engine.runner._tables_key = None
+    engine.step()  # a finishes
+    assert {e["request"] for e in engine.take_events() if e["kind"] == "ownership_violation"} == {"a", "b"}
+    assert a.state == RequestState.FINISHED
+    steps = 0
+    while b.state != RequestState.FINISHED:
+        engine.step()
+        steps += 1
+        caught = [e for e in engine.take_events() if e["kind"] == "ownership_violation"]
+        assert [e["request"] for e in caught] == ["b"] and caught[0]["pages"][0]["page"] == stolen
+    assert steps == 4 and int(engine.pool.writer[stolen]) >> 32 == b.slot  # b restamped it
+    c = engine.submit([256] * 40, SamplingParams(max_new_tokens=4, ignore_eos=True), request_id="c")
+    engine.step()
+    assert stolen in c.page_table.pages.tolist()
+    engine.run_until_idle()
+    assert c.state == RequestState.FINISHED
+    assert not [e for e in engine.take_events() if e["kind"] == "ownership_violation"]
+    assert not engine.pool.tainted.any()

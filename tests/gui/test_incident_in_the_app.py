@@ -1,0 +1,96 @@
+"""The incident, reproduced against a hosted engine and watched in the app: the alert,
+the quarantined pages in the page map, and the affected pair in the alert's scope."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import numpy as np
+
+from engine.commands.local_server import write_config
+from engine.client import EngineClient
+from engine.config import EngineConfig
+from engine.guard.scenarios import SCENARIOS, config_sections
+from engine.kv.page_tags import PageState
+
+CONNECT_MS = 180_000
+
+
+def _run(client: EngineClient, work: list[dict]) -> None:
+    streams = [client.submit(stream=False, **fields) for fields in work]
+    for stream in streams:
+        rid = None
+        try:
+            for msg in client.events(stream, timeout_s=float(os.environ.get("PW_STUCK_S", 300))):
+                rid = msg.get("request_id") or rid
+                if msg.op in ("done", "error"):
+                    break
+        except TimeoutError:
+            import json
+            print("STUCK", rid, json.dumps(client.audit(rid)), json.dumps(client.status()["workers"]), flush=True)
+            raise
+
+
+def test_incident_placeholder_in_the_app(qtbot, tmp_path):
+    from gui.app import App
+    from main import parse
+
+    scenario = SCENARIOS["incident-placeholder"]
+    config = write_config(tmp_path / "incident.toml", EngineConfig().replace(canaries={"enabled": False}),
+                          **config_sections(scenario))
+    app = App(parse(["gui", "--config", str(config), "--allow-faults", "--theme", "dark"]))
+    qtbot.addWidget(app.window)
+    app.start()
+    window = app.window
+    window.show()
+    client = None
+    try:
+        qtbot.waitUntil(lambda: window.connection == "connected" and window.state.workers
+                        and all(w.state == "ready" for w in window.state.workers), timeout=CONNECT_MS)
+        client = EngineClient(window.endpoint, timeout_s=300)
+        rng = random.Random(7)
+        # phase 1: the manifest check is off, the writer-tag check catches the placeholders
+        client.reconfigure({"defences": {"manifest_check": False}}, apply=True)
+        _run(client, scenario.workload(rng, 0.5))
+        decode = "decode-0"
+        qtbot.waitUntil(lambda: decode in window.state.pages.pools and
+                        (window.state.pages.pools[decode].arrays["state"] == PageState.QUARANTINED).any(),
+                        timeout=20_000)
+        window.refresh()
+        quarantined = int(np.flatnonzero(window.state.pages.pools[decode].arrays["state"] == PageState.QUARANTINED)[0])
+        index = window.page_map._views[decode].image.image.reshape(-1)[quarantined]
+        from gui.model.page_colors import QUARANTINED_PAGE
+
+        assert index == QUARANTINED_PAGE  # the alarm colour in the map
+        assert "ownership_violation:decode-0" in window.state.alerts
+        # phase 2: the writer-tag check off too: the placeholders read other requests' stale pages
+        client.reconfigure({"defences": {"manifest_check": False, "writer_tag_check": False}}, apply=True)
+        _run(client, scenario.workload(rng, 0.5))
+        truth = client.call("ground_truth")["reads"]
+        assert truth, "the incident did not happen"
+        qtbot.waitUntil(lambda: any(not a.acked and a.kind == "ownership_violation" and a.state == "firing"
+                                    for a in window.state.alerts.values()), timeout=20_000)
+        window.bottom_tabs.setCurrentIndex(1)
+        window.refresh()
+        model = window.alerts_table.model
+        row = next(i for i, a in enumerate(model.rows) if a.kind == "ownership_violation")
+        window.alerts_table.view.selectRow(row)
+        seen = []
+        qtbot.waitUntil(lambda: bool(window.alert_detail.pairs) and not seen.append(window.alert_detail.pairs[0]),
+                        timeout=20_000)
+        pair = seen[0]
+        readers = {t["reader"] for t in truth}
+        assert pair["reader"] in readers and pair["source"]
+        text = window.alert_detail.view.toPlainText()
+        assert "affected pair" in text and pair["reader"] in text and pair["source"] in text
+        if os.environ.get("INCIDENT_PNG"):  # a picture for the docs, once the notifications faded
+            qtbot.wait(7000)
+            window.refresh()
+        window.grab().save(os.environ.get("INCIDENT_PNG", str(tmp_path / "incident.png")))
+    finally:
+        if client is not None:
+            client.close()
+        window.close()
+        app.stop_hosted()
