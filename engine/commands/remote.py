@@ -42,6 +42,7 @@ def register(sub) -> None:
     source.add_argument("--prompt-ids", help="comma-separated prompt token ids")
     add_sampling_args(submit)
     submit.add_argument("--tenant", default="default")
+    submit.add_argument("--data-tier", help="a label for the prompt log (e.g. public, confidential)")
     submit.add_argument("--request-id", help="your id for the request (default: assigned)")
     submit.add_argument("--json", action="store_true", help="end with one JSON line: token_ids, text, ...")
     submit.set_defaults(func=cmd_submit)
@@ -112,7 +113,7 @@ def cmd_submit(args) -> int:
             stream = client.submit(
                 prompt_ids, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                ignore_eos=args.ignore_eos, tenant=args.tenant, request_id=args.request_id,
+                ignore_eos=args.ignore_eos, tenant=args.tenant, request_id=args.request_id, data_tier=args.data_tier,
             )
             done = None
             for msg in client.events(stream):

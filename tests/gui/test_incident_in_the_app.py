@@ -47,7 +47,7 @@ def test_incident_placeholder_in_the_app(qtbot, tmp_path):
     window.show()
     client = None
     try:
-        qtbot.waitUntil(lambda: window.connection == "connected" and window.state.workers
+        qtbot.waitUntil(lambda: window.connection == "connected" and bool(window.state.workers)
                         and all(w.state == "ready" for w in window.state.workers), timeout=CONNECT_MS)
         client = EngineClient(window.endpoint, timeout_s=300)
         rng = random.Random(7)
@@ -66,16 +66,19 @@ def test_incident_placeholder_in_the_app(qtbot, tmp_path):
         assert index == QUARANTINED_PAGE  # the alarm colour in the map
         assert "ownership_violation:decode-0" in window.state.alerts
         # phase 2: the writer-tag check off too: the placeholders read other requests' stale pages
+        phase2 = time.time()
         client.reconfigure({"defences": {"manifest_check": False, "writer_tag_check": False}}, apply=True)
         _run(client, scenario.workload(rng, 0.5))
         truth = client.call("ground_truth")["reads"]
         assert truth, "the incident did not happen"
-        qtbot.waitUntil(lambda: any(not a.acked and a.kind == "ownership_violation" and a.state == "firing"
-                                    for a in window.state.alerts.values()), timeout=20_000)
+        firing = lambda a: (not a.acked and a.kind == "ownership_violation"  # noqa: E731
+                            and a.state == "firing" and a.last_seen >= phase2)
+        qtbot.waitUntil(lambda: any(firing(a) for a in window.state.alerts.values()), timeout=20_000)
         window.bottom_tabs.setCurrentIndex(1)
         window.refresh()
         model = window.alerts_table.model
-        row = next(i for i, a in enumerate(model.rows) if a.kind == "ownership_violation")
+        # the alert firing now (phase 1's, whose reads were all prevented, has an empty scope)
+        row = next(i for i, a in enumerate(model.rows) if firing(a))
         window.alerts_table.view.selectRow(row)
         seen = []
         qtbot.waitUntil(lambda: bool(window.alert_detail.pairs) and not seen.append(window.alert_detail.pairs[0]),

@@ -1,0 +1,76 @@
+"""CanaryBook (schedule, markers, black-box search) and ReadLog (bounded, scoping)."""
+
+from __future__ import annotations
+
+from engine.guard.canaries import KEEP, CanaryBook
+from engine.guard.read_log import ReadLog, ReadRecord
+
+
+def test_canaries_are_due_on_their_schedule_and_not_when_disabled():
+    book = CanaryBook(per_minute=6, marker_chars=16)
+    start = book._last
+    assert not book.due(start + 9.9)
+    assert book.due(start + 10.0)
+    assert not book.due(start + 19.9)  # the clock restarts at each canary
+    assert book.due(start + 20.0)
+    book.enabled = False
+    assert not book.due(start + 1000)
+    assert not CanaryBook(per_minute=0, marker_chars=16).due(1e12)
+
+
+def test_markers_are_fresh_and_of_the_configured_length():
+    book = CanaryBook(per_minute=3, marker_chars=24)
+    markers = {book.new_marker() for _ in range(200)}
+    assert len(markers) == 200 and all(len(m) == 24 and m.isalnum() for m in markers)
+    marker = book.new_marker()
+    assert marker in book.prompt(marker)
+
+
+def test_the_marker_sequence_is_found_in_other_outputs_only():
+    book = CanaryBook(per_minute=3, marker_chars=4)
+    canary = book.add("canary-7", 7, "abcd", [97, 98, 99, 100])
+    assert book.markers_in([1, 2, 97, 98, 99, 100, 5]) == [canary]
+    assert book.markers_in([97, 98, 99, 100], exclude_slot=7) == []  # the canary's own output
+    assert book.markers_in([97, 98, 99, 5, 100]) == []  # not contiguous
+    assert book.markers_in([97, 98, 99]) == []  # shorter than the marker
+    assert book.is_canary_slot(7) and not book.is_canary_slot(8)
+
+
+def test_the_book_keeps_a_bounded_number_of_canaries():
+    book = CanaryBook(per_minute=3, marker_chars=4)
+    for slot in range(KEEP + 10):
+        book.add(f"canary-{slot}", slot, "m", [1])
+    assert len(book.by_slot) == KEEP and len(book.by_request) == KEEP
+    assert not book.is_canary_slot(0) and book.is_canary_slot(KEEP + 9)
+    assert "canary-0" not in book.by_request
+
+
+def _read(t, reader, reader_slot, source, source_slot, page, pool="decode-0"):
+    return ReadRecord(t, reader, reader_slot, source, source_slot, pool, page)
+
+
+def test_scope_aggregates_pairs_with_pages_and_times_in_the_window():
+    log = ReadLog()
+    log.add(_read(10.0, "r1", 1, "s1", 11, page=5))
+    log.add(_read(12.0, "r1", 1, "s1", 11, page=6))
+    log.add(_read(12.5, "r1", 1, "s1", 11, page=5))
+    log.add(_read(20.0, "r2", 2, "s1", 11, page=5, pool="decode-1"))
+    log.add(_read(30.0, "r1", 1, "s2", 12, page=9))
+    pairs = log.scope()
+    assert [(p["source"], p["reader"]) for p in pairs] == [("s1", "r1"), ("s1", "r2"), ("s2", "r1")]
+    first = pairs[0]
+    assert first["pages"] == [["decode-0", 5], ["decode-0", 6]]
+    assert (first["first"], first["last"], first["reads"]) == (10.0, 12.5, 3)
+    assert pairs[1]["pages"] == [["decode-1", 5]]
+    windowed = log.scope(since=11.0, until=25.0)
+    assert [(p["source"], p["reader"], p["reads"]) for p in windowed] == [("s1", "r1", 2), ("s1", "r2", 1)]
+    assert log.scope(since=31.0) == []
+
+
+def test_the_read_log_is_bounded_but_counts_everything():
+    log = ReadLog(max_records=100)
+    for i in range(250):
+        log.add(_read(float(i), "r", 1, "s", 2, page=i))
+    assert len(log.records) == 100 and log.total == 250
+    (pair,) = log.scope()
+    assert pair["reads"] == 100 and pair["first"] == 150.0  # the oldest records went first
