@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     remote.register(sub)
     keys.register(sub)
     reproduce.register(sub)
+    from gui.snapshot import command as snapshot
+
+    snapshot.register(sub)
     return parser
 
 

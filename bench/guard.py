@@ -144,7 +144,7 @@ def main() -> None:
         start = time.perf_counter()
         (row,) = run_scenario("clean", scale=args.clean / 2000, workdir=tmp, log=lambda line: None)
         took = time.perf_counter() - start
-        print(f"\n| clean scenario | requests | cross reads | alerts caught | false positives | verdict | time |")
+        print("\n| clean scenario | requests | cross reads | alerts caught | false positives | verdict | time |")
         print("|---|---:|---:|---|---:|---|---:|")
         print(f"| all defences on, canaries 10/s | {row.requests:,} | {row.reads} | {row.caught or '—'} | "
               f"{row.false_positives} | {'pass' if row.passed else 'FAIL: ' + row.why} | {took:.0f} s |")

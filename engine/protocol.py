@@ -193,10 +193,11 @@ def field_of(msg: Message | dict, name: str, kind: str, *, default=_MISSING, low
 
 CLIENT_OPS = (
     "submit", "cancel", "status", "start", "stop", "restart", "reconfigure", "keyframe",
-    "page_metadata", "audit", "ping", "ack_alert", "canary", "scope", "prompt_log", "ground_truth",
+    "page_metadata", "audit", "ping", "ack_alert", "canary", "scope", "prompt_log", "ground_truth", "history",
 )
 # Ops a read-only client may send (the GUI's --readonly mode and telemetry viewers).
-READ_ONLY_OPS = ("status", "keyframe", "page_metadata", "audit", "ping", "scope", "prompt_log", "ground_truth")
+READ_ONLY_OPS = ("status", "keyframe", "page_metadata", "audit", "ping", "scope", "prompt_log", "ground_truth",
+                 "history")
 
 
 def error_reply(msg_id, code: str, message: str) -> list:

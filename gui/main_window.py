@@ -12,15 +12,20 @@ import time
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import (
-    QApplication, QDockWidget, QMainWindow, QMessageBox, QSplitter, QTabWidget, QToolBar, QVBoxLayout, QWidget,
+    QApplication, QDockWidget, QFileDialog, QMainWindow, QMessageBox, QProgressDialog, QSplitter, QTabWidget,
+    QToolBar, QVBoxLayout, QWidget,
 )
 
 from engine.client import __version__
+from engine.protocol import READ_ONLY_OPS
 from gui.demo_load import DemoLoad
 from gui.dialogs.about_dialog import AboutDialog
 from gui.dialogs.attach_dialog import AttachDialog
 from gui.dialogs.reconfigure_dialog import ReconfigureDialog
 from gui.model.engine_state import EngineState
+from gui.model.snapshot_state import scope_pairs, state_from_snapshot
+from gui.snapshot.bundle import SnapshotError, read_bundle
+from gui.snapshot_export import ExportJob
 from gui.theme import apply_theme
 from gui.widgets.alert_detail import AlertDetail
 from gui.widgets.alerts_table import AlertsTable
@@ -28,18 +33,21 @@ from gui.widgets.capacity_banner import CapacityBanner
 from gui.widgets.metrics_plots import MetricsPlots
 from gui.widgets.page_map import PageMapWidget
 from gui.widgets.requests_table import RequestsTable
+from gui.widgets.snapshot_banner import SnapshotBanner
 from gui.widgets.status_line import StatusLine
 from gui.widgets.toast import Toast
 from gui.widgets.workers_panel import WorkersPanel
 
 REFRESH_MS = 100  # 10 Hz at most
 KEYFRAME_RETRY_S = 1.0
+SNAPSHOT_MARGIN_S = 60.0  # an alert's snapshot starts this long before the alert
 RECENT_KEY = "recent_engines"
 SHORTCUTS = {
     "Attach to an engine": "Ctrl+O", "Export incident snapshot": "Ctrl+E", "Demo load on/off": "Ctrl+D",
     "Reconfigure": "Ctrl+R", "Refresh page maps (keyframe)": "F5", "Colour by request / tenant / state": "1 / 2 / 3",
     "Start / stop / restart the selected worker": "Ctrl+Shift+S / Ctrl+Shift+X / Ctrl+Shift+R",
-    "Acknowledge selected alerts": "Ctrl+K", "Fire a canary request": "Ctrl+Shift+C", "Quit": "Ctrl+Q",
+    "Acknowledge selected alerts": "Ctrl+K", "Fire a canary request": "Ctrl+Shift+C",
+    "Export incident snapshot": "Ctrl+E", "Open snapshot": "Ctrl+Shift+O", "Quit": "Ctrl+Q",
 }
 
 
@@ -60,6 +68,9 @@ class MainWindow(QMainWindow):
         self._scope_ticket: int | None = None
         self._last_keyframe_ask = 0.0
         self._was_stale = None
+        self.snapshot = None  # an OpenedSnapshot while the window shows a bundle
+        self.export_job = None
+        self.last_export: str | None = None
         self.setWindowTitle("PageWarden")
         self.resize(1400, 900)
         self._timer = QTimer(self)
@@ -80,6 +91,9 @@ class MainWindow(QMainWindow):
         central = QWidget()
         layout = QVBoxLayout(central)
         layout.setContentsMargins(4, 4, 4, 4)
+        self.snapshot_banner = SnapshotBanner()
+        self.snapshot_banner.close_requested.connect(self.close_snapshot)
+        layout.addWidget(self.snapshot_banner)
         layout.addWidget(self.banner)
         layout.addWidget(self.page_map, 1)
         self.setCentralWidget(central)
@@ -113,6 +127,7 @@ class MainWindow(QMainWindow):
         self.alerts_table.view.selectionModel().selectionChanged.connect(self._alert_selected)
         self.alert_detail.scope_requested.connect(self._ask_scope)
         self.alert_detail.request_clicked.connect(self.select_request)
+        self.alerts_table.snapshot_requested.connect(self.export_alert_snapshot)
 
     def _dock(self, title: str, widget: QWidget, area) -> QDockWidget:
         dock = QDockWidget(title, self)
@@ -139,9 +154,10 @@ class MainWindow(QMainWindow):
         file = bar.addMenu("&File")
         self.attach_action = self._action(file, "&Attach to engine…", self.open_attach, "Ctrl+O")
         self.recent_menu = file.addMenu("Recent engines")
-        self.export_action = self._action(file, "&Export Incident Snapshot…", self.export_snapshot, "Ctrl+E")
-        self.export_action.setEnabled(False)
-        self.export_action.setToolTip("Incident snapshots arrive with a later release")
+        self.export_action = self._action(file, "&Export Incident Snapshot…", lambda: self.export_snapshot(),
+                                          "Ctrl+E")
+        self.open_snapshot_action = self._action(file, "&Open Snapshot…", lambda: self.open_snapshot(),
+                                                 "Ctrl+Shift+O")
         file.addSeparator()
         self._action(file, "&Quit", self.close, "Ctrl+Q")
         engine = bar.addMenu("&Engine")
@@ -188,7 +204,8 @@ class MainWindow(QMainWindow):
         """Start showing the engine behind `transport` (a TransportThread, not yet started)."""
         if self.transport is not None:
             self.transport.stop()
-        self.state = self.state if self.transport is None else self._fresh_state()
+        self.state = self.state if self.transport is None and self.snapshot is None else self._fresh_state()
+        self._leave_snapshot()
         self.transport, self.endpoint, self.hosted = transport, endpoint, hosted
         transport.telemetry.connect(self.on_telemetry)
         transport.status.connect(self.on_status)
@@ -200,9 +217,9 @@ class MainWindow(QMainWindow):
         if not hosted:
             self._remember(endpoint)
 
-    def _fresh_state(self) -> EngineState:
-        # a new engine: new state object for every view
-        state = EngineState()
+    def _fresh_state(self, state: EngineState | None = None) -> EngineState:
+        # a new engine (or a snapshot): new state object for every view
+        state = state or EngineState()
         for view in (self.banner, self.page_map, self.requests_table, self.alerts_table, self.workers_panel,
                      self.metrics, self.status_line, self.alert_detail):
             view.state = state
@@ -256,7 +273,7 @@ class MainWindow(QMainWindow):
     # ---- the 10 Hz repaint ------------------------------------------------------------
     def refresh(self) -> None:
         changed, self._changed = self._changed, set()
-        stale = self.state.is_stale() or self.connection != "connected"
+        stale = self.snapshot is None and (self.state.is_stale() or self.connection != "connected")
         if stale != self._was_stale:
             self._was_stale = stale
             changed |= {"pages", "metrics", "workers"}
@@ -282,17 +299,18 @@ class MainWindow(QMainWindow):
             self.ask_keyframe()  # a sequence gap: resynchronise
 
     def _update_enablement(self) -> None:
-        connected = self.connection == "connected" and self.transport is not None
+        connected = self.connection == "connected" and self.transport is not None and self.snapshot is None
         for action in self.actions():
             if action.property("control"):
                 action.setEnabled(connected and not self.readonly)
+        self.export_action.setEnabled(connected and self.export_job is None)
 
     # ---- commands -----------------------------------------------------------------------
     def request(self, op: str, **fields) -> int | None:
         """Send a command through the transport; refused (None) in readonly mode or offline."""
         if self.transport is None:
             return None
-        if self.readonly and op not in ("status", "keyframe", "page_metadata", "audit", "ping"):
+        if self.readonly and op not in READ_ONLY_OPS:
             return None
         return self.transport.request(op, **fields)
 
@@ -314,6 +332,9 @@ class MainWindow(QMainWindow):
             self.alert_detail.show_alert(rows[0])
 
     def _ask_scope(self, since: float, until: float) -> None:
+        if self.snapshot is not None:  # answered from the bundle
+            self.alert_detail.show_scope(scope_pairs(self.snapshot, since, until))
+            return
         self._scope_ticket = self.request("scope", since=since, until=until)
 
     def select_request(self, request_id: str) -> None:
@@ -359,8 +380,93 @@ class MainWindow(QMainWindow):
                 break
             self.request("submit", **demo.next_request())
 
-    def export_snapshot(self) -> None:
-        QMessageBox.information(self, "Incident snapshot", "Incident snapshots arrive with a later release.")
+    # ---- incident snapshots ---------------------------------------------------------------
+    def export_snapshot(self, path: str | None = None, since: float | None = None) -> bool:
+        """Collect and write a bundle in the background (progress shown); False if not started."""
+        if self.transport is None or self.snapshot is not None or self.export_job is not None:
+            return False
+        if path is None:
+            default = f"pagewarden-snapshot-{time.strftime('%Y%m%d-%H%M%S')}.zip"
+            path, _ = QFileDialog.getSaveFileName(self, "Export incident snapshot", default, "Snapshot (*.zip)")
+            if not path:
+                return False
+        job = ExportJob(self.endpoint, path, since=since, server_key=self.transport.server_key,
+                        client_keys=self.transport.client_keys, parent=self)
+        progress = QProgressDialog("Exporting incident snapshot…", None, 0, 100, self)
+        progress.setWindowTitle("Incident snapshot")
+        progress.setMinimumDuration(300)  # short exports never flash a dialog
+        progress.setAutoClose(True)
+        job.progress.connect(lambda f, what: (progress.setValue(int(100 * f)), progress.setLabelText(
+            f"Exporting incident snapshot: {what}…")))
+        job.succeeded.connect(self._export_done)
+        job.failed.connect(self._export_failed)
+        job.finished.connect(lambda: (progress.reset(), setattr(self, "export_job", None)))
+        self.export_job, self.export_progress = job, progress
+        job.start()
+        return True
+
+    def export_alert_snapshot(self, alert_id: str) -> None:
+        alert = self.state.alerts.get(alert_id)
+        since = alert.first_seen - SNAPSHOT_MARGIN_S if alert is not None else None
+        self.export_snapshot(since=since)
+
+    def _export_done(self, path: str, summary: dict) -> None:
+        self.last_export = path
+        self.statusBar().showMessage(f"Snapshot written to {path}: {summary['requests']} requests, "
+                                     f"{summary['alerts']} alerts, {summary['affected']} responses affected", 15_000)
+
+    def _export_failed(self, message: str) -> None:
+        self.last_export = None
+        self.statusBar().showMessage(f"Snapshot export failed: {message}", 15_000)
+        QMessageBox.warning(self, "Incident snapshot", f"The snapshot could not be exported.\n\n{message}")
+
+    def open_snapshot(self, path: str | None = None) -> bool:
+        """Show a bundle read-only in this window. A bundle that cannot be read is refused
+        with the reason; one that does not verify is shown under a warning."""
+        if path is None:
+            path, _ = QFileDialog.getOpenFileName(self, "Open incident snapshot", "", "Snapshot (*.zip)")
+            if not path:
+                return False
+        try:
+            opened = read_bundle(path)
+        except SnapshotError as exc:
+            self.snapshot_error = str(exc)
+            QMessageBox.critical(self, "Open snapshot", f"This snapshot cannot be opened.\n\n{exc}")
+            return False
+        state, problems = state_from_snapshot(opened)
+        opened.warnings.extend(problems)
+        if self.transport is not None:
+            self.transport.stop()
+            self.transport = None
+        self.toggle_demo(False)
+        self.snapshot = opened
+        self.connection = "snapshot"
+        self.state = self._fresh_state(state)
+        self.snapshot_banner.show_snapshot(opened.manifest, str(opened.path), opened.warnings)
+        self.status_line.set_endpoint(f"snapshot {opened.path.name}", hosted=False)
+        self.workers_panel.set_connected(False)
+        self.alert_detail.show_alert(None)
+        self._changed |= {"pages", "requests", "alerts", "workers", "capacity", "engine", "metrics", "connection"}
+        self.state.take_new_alerts()
+        self.refresh()
+        self.setWindowTitle(f"PageWarden — snapshot {opened.path.name} (read-only)")
+        return True
+
+    def close_snapshot(self) -> None:
+        if self.snapshot is None:
+            return
+        self._leave_snapshot()
+        self.state = self._fresh_state()
+        self.connection = "disconnected"
+        self.status_line.set_endpoint("", hosted=False)
+        self._changed |= {"pages", "requests", "alerts", "workers", "capacity", "engine", "metrics", "connection"}
+        self.refresh()
+
+    def _leave_snapshot(self) -> None:
+        if self.snapshot is not None:
+            self.snapshot = None
+            self.snapshot_banner.hide()
+            self.set_readonly(self.readonly)
 
     # ---- attach dialog, recent engines, theme, readonly, about --------------------------
     def open_attach(self) -> None:
@@ -396,7 +502,8 @@ class MainWindow(QMainWindow):
         if readonly:
             self.toggle_demo(False)
         self._update_enablement()
-        self.setWindowTitle("PageWarden — read-only" if readonly else "PageWarden")
+        if self.snapshot is None:
+            self.setWindowTitle("PageWarden — read-only" if readonly else "PageWarden")
 
     def show_about(self) -> None:
         AboutDialog(__version__, SHORTCUTS, self).exec()

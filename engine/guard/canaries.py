@@ -19,6 +19,8 @@ TENANT = "canary"
 ALPHABET = string.ascii_lowercase + string.digits
 PROMPT_FORM = "{text}\n\nRepeat the text above exactly:\n"  # the form of issue 7's trained model
 KEEP = 256  # canaries remembered for the detectors
+MAX_LIVE = 2  # scheduled canaries wait while this many are still running: probes, not load
+LIVE_TIMEOUT_S = 600.0  # a canary running this long no longer holds the schedule back
 
 
 @dataclass
@@ -35,6 +37,8 @@ class CanaryBook:
         self.per_minute, self.marker_chars, self.enabled = per_minute, marker_chars, enabled
         self.by_slot: OrderedDict[int, Canary] = OrderedDict()
         self.by_request: dict[str, Canary] = {}
+        self.live: set[str] = set()  # canaries not finished yet
+        self.skipped = 0  # scheduled canaries not sent because MAX_LIVE were still running
         self._last = time.monotonic()
 
     def configure(self, section) -> None:
@@ -45,7 +49,17 @@ class CanaryBook:
         if not self.enabled or self.per_minute <= 0 or now - self._last < 60.0 / self.per_minute:
             return False
         self._last = now
+        if len(self.live) >= MAX_LIVE:
+            wall = time.time()
+            self.live = {r for r in self.live if r in self.by_request
+                         and wall - self.by_request[r].sent < LIVE_TIMEOUT_S}
+        if len(self.live) >= MAX_LIVE:  # a saturated engine is not flooded with probes
+            self.skipped += 1
+            return False
         return True
+
+    def finished(self, request_id: str) -> None:
+        self.live.discard(request_id)
 
     def new_marker(self) -> str:
         return "".join(secrets.choice(ALPHABET) for _ in range(self.marker_chars))
@@ -57,6 +71,7 @@ class CanaryBook:
         canary = Canary(request_id, slot, marker, marker_ids, time.time())
         self.by_slot[slot] = canary
         self.by_request[request_id] = canary
+        self.live.add(request_id)
         while len(self.by_slot) > KEEP:
             _, old = self.by_slot.popitem(last=False)
             self.by_request.pop(old.request_id, None)

@@ -15,6 +15,7 @@ from collections import OrderedDict
 QUIET_RESOLVE_S = 60.0
 MAX_ALERTS = 1_000
 MAX_LISTED = 50  # requests / pages kept per alert
+MAX_TRANSITIONS = 50  # state changes kept per alert (snapshots show them)
 
 
 class AlertBook:
@@ -35,6 +36,7 @@ class AlertBook:
         record = self.alerts.get(_alert_id(kind, subject))
         if record is not None and record["state"] != "resolved":
             record["state"], record["resolved_at"] = "resolved", time.time()
+            _transition(record, "resolved", record["resolved_at"])
             self.publish(dict(record))
 
     def acknowledge(self, ids: list[str]) -> list[str]:
@@ -45,6 +47,7 @@ class AlertBook:
             if record is not None:
                 if not record["acked"]:
                     record["acked"] = True
+                    _transition(record, "acknowledged", time.time())
                     self.publish(dict(record))
                 done.append(aid)
         return done
@@ -55,6 +58,7 @@ class AlertBook:
             if (aid not in self.conditions and record["state"] == "firing"
                     and now - record["last_seen"] > QUIET_RESOLVE_S):
                 record["state"], record["resolved_at"] = "resolved", now
+                _transition(record, "resolved", now)
                 self.publish(dict(record))
 
     def records(self) -> list[dict]:
@@ -67,8 +71,10 @@ class AlertBook:
         if record is None or (record["state"] == "resolved" and state != "resolved"):
             # a new episode: a resolved alert that comes back needs a fresh look
             record = {"id": aid, "kind": kind, "subject": subject, "first_seen": now, "count": 0,
-                      "acked": False, "requests": [], "pages": []}
+                      "acked": False, "requests": [], "pages": [], "transitions": []}
             self.alerts[aid] = record
+        if record.get("state") != state:
+            _transition(record, state, now)
         self.alerts.move_to_end(aid)
         record.update(fields)
         record.update(state=state, severity=severity, detail=detail, last_seen=now)
@@ -82,6 +88,10 @@ class AlertBook:
             self.conditions.discard(old)
         self.publish(dict(record))
         return record
+
+
+def _transition(record: dict, state: str, when: float) -> None:
+    record["transitions"] = [*record["transitions"], [state, when]][-MAX_TRANSITIONS:]
 
 
 def _alert_id(kind: str, subject: str) -> str:

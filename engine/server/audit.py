@@ -26,3 +26,7 @@ class AuditLog:
 
     def __len__(self) -> int:
         return len(self._events)
+
+    def since(self, since: float) -> list[tuple[str, list[dict]]]:
+        """(subject, events) of every subject with an event at or after `since`."""
+        return [(rid, list(events)) for rid, events in self._events.items() if events[-1]["time"] >= since]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 
 from engine import __version__
@@ -168,7 +169,8 @@ class ControlOps:
                 "version": __version__, "control": sup.control_endpoint, "telemetry": sup.telemetry_endpoint,
                 "bus": sup.bus_endpoint,
                 "curve": sup.curve is not None, "allow_faults": sup.allow_faults,
-                "uptime_s": time.time() - sup.started_at,
+                "uptime_s": time.time() - sup.started_at, "hostname": socket.gethostname(),
+                "time": time.time(), "monotonic": time.monotonic(),
                 "model": str(sup.config.model.resolved_path()), "architecture": sup.model_config.architecture,
                 "vocab_size": sup.model_config.vocab_size,
             },
@@ -220,6 +222,26 @@ class ControlOps:
         since = field_of(msg, "since", "float", default=0.0)
         entries = [e for e in self.sup.prompt_log if e["time"] >= since]
         self._reply(identity, msg, {"entries": entries[-10_000:]})
+
+    def op_history(self, identity: bytes, msg: Message) -> None:
+        """What an incident snapshot needs of a time window (wall-clock seconds): the
+        requests with their lifecycle events, and the telemetry published (bulk frames
+        summarised). Prompts appear as length and hash only."""
+        sup = self.sup
+        since = field_of(msg, "since", "float", default=0.0)
+        requests, other = [], []
+        for subject, events in sup.audit.since(since):
+            rec = sup.requests.get(subject)
+            if rec is not None:
+                requests.append({**rec.describe(), "events": events})
+            elif events[0]["event"] in ("rejected", "admitted"):
+                phase = "rejected" if events[0]["event"] == "rejected" else "forgotten"
+                requests.append({"request_id": subject, "phase": phase, "events": events,
+                                 "arrival": events[0]["time"]})
+            else:
+                other.append({"subject": subject, "events": events})
+        self._reply(identity, msg, {"since": since, "until": time.time(), "requests": requests,
+                                    "engine_events": other, "telemetry": sup.telemetry.since(since)})
 
     def op_ground_truth(self, identity: bytes, msg: Message) -> None:
         """Every decode worker's own list of the cross-request reads it saw happen."""

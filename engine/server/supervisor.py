@@ -264,7 +264,9 @@ class Supervisor:
             self.metrics.add_tpot((now - rec.first_token_at) / (len(rec.output_ids) - 1), now)
         self.counters[phase.value] += 1
         self.audit.record(rec.request_id, phase.value, reason=reason, error=error, tokens=len(rec.output_ids))
-        if rec.tenant != "canary" and rec.output_ids:
+        if rec.tenant == "canary":
+            self.canaries.finished(rec.request_id)
+        elif rec.output_ids:
             for canary in self.canaries.markers_in(rec.output_ids, exclude_slot=rec.slot):
                 self.alert("canary_marker_in_output", "critical",
                            f"the output of request {rec.request_id} carries the marker of canary "

@@ -8,10 +8,25 @@ keyframe. Page telemetry is computed by the workers only while someone subscribe
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import zmq
 
 from engine.protocol import pack
+
+
+RECENT_MESSAGES = 50_000
+
+
+def _small(value) -> bool:
+    return isinstance(value, (int, float, str, bool)) or value is None
+
+
+def _summary(arrays: dict | None) -> dict:
+    """A bulk message in the event log: which arrays, how many elements, not their bytes."""
+    if not arrays:
+        return {}
+    return {"bulk": {name: int(getattr(a, "size", len(a))) for name, a in arrays.items()}}
 
 
 class TelemetryPublisher:
@@ -20,13 +35,20 @@ class TelemetryPublisher:
         self.seq: dict[str, int] = {}
         self.subscriptions: set[bytes] = set()
         self.bad_subscriptions = 0
+        # What was published, for incident snapshots: small headers whole, bulk frames
+        # summarised (their array names and sizes). Kept whether or not anyone listens.
+        self.recent: deque[dict] = deque(maxlen=RECENT_MESSAGES)
 
     def publish(self, topic: str, header: dict, arrays: dict | None = None) -> int:
         seq = self.seq.get(topic, 0) + 1
         self.seq[topic] = seq
-        frames = pack({"topic": topic, "seq": seq, "time": time.time(), **header}, arrays)
-        self._send(topic, frames)
+        message = {"topic": topic, "seq": seq, "time": time.time(), **header}
+        self.recent.append({**message, **_summary(arrays)} if arrays else message)
+        self._send(topic, pack(message, arrays))
         return seq
+
+    def since(self, since: float) -> list[dict]:
+        return [m for m in self.recent if m["time"] >= since]
 
     def relay_pages(self, header: dict, arrays: dict) -> None:
         """Forward a worker's `pages` message as topic pages/<pool>, keeping the worker's
@@ -34,6 +56,9 @@ class TelemetryPublisher:
         topic = f"pages/{header['pool']}"
         out = {k: v for k, v in header.items() if k not in ("op", "v")}
         out["topic"] = topic
+        if self.wants_pages():  # only then do workers send page telemetry at all
+            self.recent.append({"time": time.time(), **{k: v for k, v in out.items() if _small(v)},
+                                **_summary(arrays)})
         self._send(topic, pack(out, arrays))
 
     def _send(self, topic: str, frames: list) -> None:

@@ -47,7 +47,7 @@ def open_window(qtbot):
                                     client_keys=client_keys)
         window.attach(transport, endpoint)
         window.show()
-        qtbot.waitUntil(lambda: window.connection == "connected" and window.state.workers
+        qtbot.waitUntil(lambda: window.connection == "connected" and bool(window.state.workers)
                         and all(w.state == "ready" for w in window.state.workers), timeout=CONNECT_TIMEOUT_MS)
         windows.append(window)
         return window

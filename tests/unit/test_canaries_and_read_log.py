@@ -74,3 +74,26 @@ def test_the_read_log_is_bounded_but_counts_everything():
     assert len(log.records) == 100 and log.total == 250
     (pair,) = log.scope()
     assert pair["reads"] == 100 and pair["first"] == 150.0  # the oldest records went first
+
+
+def test_scheduled_canaries_wait_while_two_are_still_running():
+    book = CanaryBook(per_minute=60, marker_chars=4)
+    start = book._last
+    assert book.due(start + 1)
+    book.add("canary-1", 1, "a", [1])
+    assert book.due(start + 2)
+    book.add("canary-2", 2, "b", [2])
+    assert not book.due(start + 3) and book.skipped == 1  # MAX_LIVE running: the probe waits
+    book.finished("canary-1")
+    assert book.due(start + 4)
+
+
+def test_a_canary_that_never_finishes_stops_holding_the_schedule_back():
+    book = CanaryBook(per_minute=60, marker_chars=4)
+    start = book._last
+    for slot in (1, 2):
+        book.add(f"canary-{slot}", slot, "m", [1])
+    assert not book.due(start + 1)
+    for canary in book.by_request.values():
+        canary.sent -= 601  # sent more than LIVE_TIMEOUT_S ago
+    assert book.due(start + 2) and not book.live

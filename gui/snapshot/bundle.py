@@ -1,0 +1,237 @@
+"""The snapshot zip: write it atomically, read it back and check it (docs/SNAPSHOT.md).
+
+Qt-free. `write_bundle` renders every file, hashes it, writes the zip to a temporary file
+beside the target and renames it into place (a crash never leaves half a bundle under the
+final name). `read_bundle` never trusts the file: an unreadable zip or manifest raises
+SnapshotError with a message saying what is wrong; a file whose hash differs from the
+manifest, a missing or unexpected file, or a schema problem is a warning on the result.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from engine.protocol import PAGE_FIELDS
+from gui.snapshot.collect import SCHEMA, Snapshot
+
+METRIC_COLUMNS = ("time", "tokens_per_s", "ttft_ms_p50", "ttft_ms_max", "tpot_ms_p50", "queue_depth", "running")
+MAX_MEMBER_BYTES = 2 << 30  # a member claiming more than this is refused (zip bombs)
+
+
+class SnapshotError(Exception):
+    """The bundle cannot be opened at all; the message says why."""
+
+
+@dataclass
+class OpenedSnapshot:
+    path: Path
+    manifest: dict
+    state: dict
+    pages: dict[str, dict[str, np.ndarray]]
+    images: dict[str, bytes]
+    events: list[dict]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def verified(self) -> bool:
+        return not self.warnings
+
+
+def _json(document) -> bytes:
+    return json.dumps(document, indent=1, sort_keys=True, default=_plain).encode()
+
+
+def _plain(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+def pages_npz(pages: dict[str, dict[str, np.ndarray]]) -> bytes:
+    out = io.BytesIO()
+    np.savez_compressed(out, **{f"{pool}/{key}": np.asarray(arrays[key]) for pool, arrays in pages.items()
+                                for key in PAGE_FIELDS})
+    return out.getvalue()
+
+
+def metrics_csv(telemetry: list[dict]) -> bytes:
+    pools = sorted({p for m in telemetry if m.get("topic") == "metrics" for p in (m.get("pools") or {})})
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([*METRIC_COLUMNS, *(f"used_pages:{p}" for p in pools)])
+    for m in telemetry:
+        if m.get("topic") != "metrics":
+            continue
+        used = [((m.get("pools") or {}).get(p) or {}).get("used_pages", "") for p in pools]
+        writer.writerow([("" if m.get(c) is None else m.get(c)) for c in METRIC_COLUMNS] + used)
+    return out.getvalue().encode()
+
+
+def events_jsonl(telemetry: list[dict]) -> bytes:
+    return b"".join(json.dumps(m, sort_keys=True, default=_plain).encode() + b"\n" for m in telemetry)
+
+
+def render_files(snap: Snapshot, progress=None) -> dict[str, bytes]:
+    """Every member but manifest.json and report.html, by name."""
+    from gui.snapshot.pagemap_png import render_pagemap_png
+    from gui.snapshot.trace import chrome_trace
+
+    step = progress or (lambda fraction, what: None)
+    files = {"state.json": _json(snap.state)}
+    step(0.1, "page metadata")
+    files["pages.npz"] = pages_npz(snap.pages)
+    pools = {p["name"]: p for p in snap.state.get("pools", [])}
+    for i, (name, arrays) in enumerate(snap.pages.items()):
+        step(0.2 + 0.5 * i / max(1, len(snap.pages)), f"page map of {name}")
+        files[f"pagemap-{name}.png"] = render_pagemap_png(pools.get(name, {"name": name}), arrays,
+                                                         snap.state.get("requests", []))
+    step(0.75, "metrics, events, trace")
+    files["metrics.csv"] = metrics_csv(snap.telemetry)
+    files["events.jsonl"] = events_jsonl(snap.telemetry)
+    files["trace.json"] = _json(chrome_trace(snap.state))
+    return files
+
+
+def _entry(name: str, data: bytes) -> dict:
+    return {"name": name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def write_bundle(snap: Snapshot, path: str | Path, progress=None) -> Path:
+    """Write the bundle to `path` atomically; returns the path. progress(fraction, what)."""
+    from gui.snapshot.report import render_report
+
+    path = Path(path)
+    files = render_files(snap, progress)
+    manifest = {**snap.manifest, "files": [_entry(n, d) for n, d in sorted(files.items())]}
+    images = {n: d for n, d in files.items() if n.endswith(".png")}
+    (progress or (lambda f, w: None))(0.9, "report")
+    files["report.html"] = render_report(manifest, snap.state, images).encode()
+    manifest["files"].append(_entry("report.html", files["report.html"]))
+    files["manifest.json"] = _json(manifest)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as zf:
+            for name in ("manifest.json", *sorted(n for n in files if n != "manifest.json")):
+                zf.writestr(name, files[name])
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    (progress or (lambda f, w: None))(1.0, "done")
+    return path
+
+
+def read_bundle(path: str | Path) -> OpenedSnapshot:
+    """Open and check a bundle. Raises SnapshotError when it cannot be shown at all."""
+    path = Path(path)
+    try:
+        zf = zipfile.ZipFile(path)
+    except FileNotFoundError:
+        raise SnapshotError(f"{path}: no such file") from None
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise SnapshotError(f"{path} is not a readable zip file ({exc}); it may be truncated") from None
+    with zf:
+        members = {}
+        for info in zf.infolist():
+            if info.file_size > MAX_MEMBER_BYTES:
+                raise SnapshotError(f"{path}: member {info.filename} claims {info.file_size:,} bytes "
+                                    f"(limit {MAX_MEMBER_BYTES:,})")
+            try:
+                members[info.filename] = zf.read(info)
+            except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+                members[info.filename] = exc  # a damaged member: a warning, unless it is essential
+    return _check(path, members)
+
+
+def _load_json(path: Path, members: dict, name: str) -> dict:
+    data = members.get(name)
+    if data is None:
+        raise SnapshotError(f"{path}: the bundle has no {name}")
+    if isinstance(data, Exception):
+        raise SnapshotError(f"{path}: {name} cannot be read ({data})")
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SnapshotError(f"{path}: {name} is not valid JSON ({exc})") from None
+    if not isinstance(document, dict):
+        raise SnapshotError(f"{path}: {name} must hold a JSON object, not {type(document).__name__}")
+    return document
+
+
+def _check(path: Path, members: dict) -> OpenedSnapshot:
+    from gui.snapshot.schema import validate
+
+    manifest = _load_json(path, members, "manifest.json")
+    if manifest.get("schema") != SCHEMA:
+        raise SnapshotError(f"{path}: manifest schema {manifest.get('schema')!r} is not {SCHEMA!r}")
+    warnings = list(validate("manifest.json", manifest))  # each names its file
+    listed = {f.get("name"): f for f in manifest.get("files", []) if isinstance(f, dict)}
+    for name, entry in sorted(listed.items()):
+        data = members.get(name)
+        if data is None:
+            warnings.append(f"{name} is listed in the manifest but missing from the bundle")
+        elif isinstance(data, Exception):
+            warnings.append(f"{name} cannot be read ({data})")
+        elif hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+            warnings.append(f"{name} does not match its sha256 in the manifest: it was changed after export")
+    for name in sorted(set(members) - set(listed) - {"manifest.json"}):
+        warnings.append(f"{name} is in the bundle but not in the manifest")
+    state = _load_json(path, members, "state.json")
+    warnings += validate("state.json", state)
+    pages = _pages(members.get("pages.npz"), warnings)
+    images = {n: d for n, d in members.items() if n.endswith(".png") and isinstance(d, bytes)}
+    events = _events(members.get("events.jsonl"), warnings)
+    return OpenedSnapshot(path, manifest, state, pages, images, events, warnings)
+
+
+def _pages(data, warnings: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    if not isinstance(data, bytes):
+        warnings.append("pages.npz is missing or unreadable: no page maps")
+        return {}
+    pages: dict[str, dict[str, np.ndarray]] = {}
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            for key in npz.files:
+                pool, _, name = key.rpartition("/")
+                if pool and name in PAGE_FIELDS:
+                    pages.setdefault(pool, {})[name] = npz[key]
+    except Exception as exc:  # numpy raises many kinds for a damaged archive
+        warnings.append(f"pages.npz cannot be read ({type(exc).__name__}: {exc}): no page maps")
+        return {}
+    for pool, arrays in list(pages.items()):
+        sizes = {len(a) for a in arrays.values()}
+        if set(arrays) != set(PAGE_FIELDS) or len(sizes) != 1:
+            warnings.append(f"pages.npz: pool {pool} has arrays {sorted(arrays)} of lengths {sorted(sizes)}; "
+                            f"it is left out")
+            del pages[pool]
+    return pages
+
+
+def _events(data, warnings: list[str]) -> list[dict]:
+    if not isinstance(data, bytes):
+        return []
+    events = []
+    for number, line in enumerate(data.splitlines(), 1):
+        try:
+            event = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            warnings.append(f"events.jsonl line {number} is not JSON; the rest is skipped")
+            break
+        if isinstance(event, dict):
+            events.append(event)
+    return events

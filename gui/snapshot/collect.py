@@ -1,0 +1,85 @@
+"""collect(): everything an incident snapshot holds, asked of a running engine.
+
+Qt-free. The engine answers through its read-only control ops (status, page_metadata,
+history, scope, prompt_log), so a `--readonly` window or a CLI with a read-only key can
+export. Nothing here ever sees prompt or output text: the engine does not send it.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import numpy as np
+
+from engine.client import __version__
+from gui.snapshot.report import PRIVACY
+
+SCHEMA = "pagewarden.snapshot/1"
+STATE_SCHEMA = "pagewarden.snapshot.state/1"
+
+
+@dataclass
+class Snapshot:
+    manifest: dict  # without "files": the bundle writer adds them
+    state: dict
+    pages: dict[str, dict[str, np.ndarray]]  # pool -> owner, epoch, writer, filled, state
+    telemetry: list[dict] = field(default_factory=list)  # events.jsonl (and metrics.csv from it)
+
+
+def collect(client, *, since: float | None = None, endpoint: str = "") -> Snapshot:
+    """Ask the engine for the window [since, now] (default: all it keeps) and the pages now.
+
+    Raises what the client raises (RemoteError, TimeoutError) when the engine cannot answer.
+    """
+    status = client.status()
+    engine = status.get("engine", {})
+    if since is None:
+        since = float(engine.get("time", time.time())) - float(engine.get("uptime_s", 0.0)) - 1.0
+    history = client.call("history", since=since)
+    scope = client.call("scope", since=since)
+    prompt_log = client.call("prompt_log", since=since)["entries"]
+    pools, pages = [], {}
+    for worker in status.get("workers", []):
+        pool = worker.get("pool") or {}
+        name = pool.get("name")
+        if worker.get("state") != "ready" or not name or name in pages:
+            continue
+        pages[name] = client.page_metadata(name)
+        pools.append({"name": name, "role": worker.get("role"), "pages": int(pool.get("pages") or 0),
+                      "page_size": int(pool.get("page_size") or 0), "worker": worker.get("name")})
+    until = float(history.get("until", time.time()))
+    state = {
+        "schema": STATE_SCHEMA,
+        "window": {"since": float(since), "until": until},
+        "engine": engine,
+        "workers": status.get("workers", []),
+        "pools": pools,
+        "requests": history.get("requests", []),
+        "alerts": status.get("alerts", []),
+        "capacity": status.get("capacity", []),
+        "scope": {"pairs": scope.get("pairs", []), "reads": int(scope.get("reads", 0))},
+        "prompt_log": prompt_log,
+        "counters": status.get("counters", {}),
+        "engine_events": history.get("engine_events", []),
+    }
+    now = time.time()
+    manifest = {
+        "schema": SCHEMA,
+        "app_version": __version__,
+        "engine_version": engine.get("version"),
+        "model": engine.get("model"),
+        "architecture": engine.get("architecture"),
+        "hostnames": {"exporter": socket.gethostname(), "engine": engine.get("hostname")},
+        "endpoint": endpoint or engine.get("control"),
+        "created_utc": datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "created_unix": now,
+        "engine_monotonic": engine.get("monotonic"),
+        "engine_uptime_s": engine.get("uptime_s"),
+        "window": dict(state["window"]),
+        "config": status.get("config", {}),
+        "privacy": PRIVACY,
+    }
+    return Snapshot(manifest, state, pages, history.get("telemetry", []))

@@ -1,0 +1,63 @@
+"""SnapshotBanner: over the window while it shows a snapshot bundle instead of an engine."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout
+
+from gui import theme
+
+
+def _utc(t) -> str:
+    try:
+        return datetime.fromtimestamp(float(t), timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "an unknown time"
+
+
+class SnapshotBanner(QFrame):
+    close_requested = Signal()
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("snapshotBanner")
+        self.title = QLabel()
+        self.title.setTextFormat(Qt.RichText)
+        self.lines = QLabel()
+        self.lines.setWordWrap(True)
+        self.lines.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.close_button = QPushButton("Close snapshot")
+        self.close_button.clicked.connect(self.close_requested)
+        text = QVBoxLayout()
+        text.setSpacing(2)
+        text.addWidget(self.title)
+        text.addWidget(self.lines)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(10, 6, 10, 6)
+        row.addLayout(text, 1)
+        row.addWidget(self.close_button, 0, Qt.AlignVCenter)
+        self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Maximum)
+        self.verified = True
+        self.hide()
+
+    def show_snapshot(self, manifest: dict, path: str, warnings: list[str]) -> None:
+        hosts = manifest.get("hostnames") if isinstance(manifest.get("hostnames"), dict) else {}
+        window = manifest.get("window") if isinstance(manifest.get("window"), dict) else {}
+        self.title.setText(
+            f"<b>Snapshot (read-only)</b> of engine {manifest.get('endpoint') or '?'} on "
+            f"{hosts.get('engine') or '?'}, taken {_utc(manifest.get('created_unix'))}")
+        lines = [f"{path} — window {_utc(window.get('since'))} to {_utc(window.get('until'))}. "
+                 f"Control actions are off; File → Attach returns to a live engine."]
+        self.verified = not warnings
+        if warnings:
+            shown = warnings[:6] + ([f"… and {len(warnings) - 6} more"] if len(warnings) > 6 else [])
+            lines.append("WARNING: this bundle does not verify against its manifest; it may have been "
+                         "altered or damaged:\n  " + "\n  ".join(shown))
+        self.lines.setText("\n".join(lines))
+        bg = theme.color("danger_bg").name() if warnings else "#1d4f91"  # red when it fails to verify
+        fg = theme.color("danger_fg").name()
+        self.setStyleSheet(f"QFrame#snapshotBanner {{ background: {bg}; border-radius: 4px; }}"
+                           f"QFrame#snapshotBanner QLabel {{ color: {fg}; }}")
+        self.show()
