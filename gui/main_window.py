@@ -444,7 +444,11 @@ class MainWindow(QMainWindow):
         self.state = self._fresh_state(state)
         self.snapshot_banner.show_snapshot(opened.manifest, str(opened.path), opened.warnings)
         self.status_line.set_endpoint(f"snapshot {opened.path.name}", hosted=False)
+        self.status_line.set_connection("read-only snapshot")
+        self.status_line.set_snapshot(str(opened.manifest.get("created_utc") or "?"))
         self.workers_panel.set_connected(False)
+        for view in (self.workers_panel, self.alerts_table, self.banner):
+            view.set_readonly(True)
         self.alert_detail.show_alert(None)
         self._changed |= {"pages", "requests", "alerts", "workers", "capacity", "engine", "metrics", "connection"}
         self.state.take_new_alerts()
@@ -466,6 +470,7 @@ class MainWindow(QMainWindow):
         if self.snapshot is not None:
             self.snapshot = None
             self.snapshot_banner.hide()
+            self.status_line.set_snapshot(None)
             self.set_readonly(self.readonly)
 
     # ---- attach dialog, recent engines, theme, readonly, about --------------------------

@@ -87,8 +87,17 @@ class StatusLine(QWidget):
     def set_readonly(self, readonly: bool) -> None:
         self.readonly_label.setVisible(bool(readonly))
 
+    def set_snapshot(self, taken: str | None) -> None:
+        """Showing a snapshot taken at `taken` (None: live again): no telemetry age, never stale."""
+        self._snapshot = taken
+        self.refresh()
+
     def refresh(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
+        if getattr(self, "_snapshot", None):
+            self.age_label.setText(f"snapshot taken {self._snapshot}")
+            self.stale_label.setVisible(False)
+            return
         self.age_label.setText(age_text(self.state.telemetry_age(now)))
         # stale: no telemetry for a while, or the engine stopped answering its control socket
         stale = self.state.is_stale(now) or self._connection != "connected"

@@ -74,6 +74,8 @@ def test_export_reopen_equals_the_live_engine(start_server, open_window, qtbot, 
     assert window.snapshot_banner.isVisible() and window.snapshot_banner.verified
     assert window.transport is None and not window.reconfigure_action.isEnabled()
     assert not window.canary_action.isEnabled() and not window.export_action.isEnabled()
+    assert not window.banner.reconfigure_button.isEnabled() and not window.alerts_table.acknowledge_button.isEnabled()
+    assert "snapshot taken" in window.status_line.age_label.text() and not window.status_line.stale_label.isVisible()
     for pool, arrays in opened.pages.items():
         mirror = window.state.pages.pools[pool].arrays
         assert all(np.array_equal(mirror[k], arrays[k]) for k in arrays)
@@ -112,3 +114,4 @@ def test_export_reopen_equals_the_live_engine(start_server, open_window, qtbot, 
     # File -> Attach returns to the live engine
     window.close_snapshot()
     assert window.snapshot is None and not window.snapshot_banner.isVisible()
+    assert window.banner.reconfigure_button.isEnabled()  # read-only came with the snapshot, and went
