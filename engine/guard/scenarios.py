@@ -60,7 +60,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "the 2026 incident: a window of 2,048 tokens over a prefill pool of 1,328 (65%); over-long "
              "requests are rejected but replaced by a one-token placeholder that still goes through prefill "
              "and transfer while decode reserved the full length; freed pages are not scrubbed",
-             faults={"placeholder_on_reject": True, "skip_scrub": True}, workload=incident_workload),
+             faults={"placeholder_on_reject": True, "skip_scrub": True}, workload=incident_workload,
+             rows=("all on", *(f"{d} off" for d in DEFENCES), "manifest_check+writer_tag_check off")),
     Scenario("skip-scrub", "freed pages keep their data", faults={"skip_scrub": True}, workload=steady),
     Scenario("early-release", "decode frees reserved pages before their transfer arrives",
              faults={"early_release": True}, workload=steady),
@@ -87,5 +88,9 @@ def config_sections(scenario: Scenario) -> dict:
 
 
 def defences_for(row: str) -> dict:
-    off = row.removesuffix(" off")
-    return {d: d != off for d in DEFENCES}
+    """"all on", "X off" or "X+Y off" -> the [defences] section for that row."""
+    off = set(row.removesuffix(" off").split("+")) if row.endswith(" off") else set()
+    unknown = off - set(DEFENCES)
+    if unknown:
+        raise ValueError(f"row {row!r} names unknown defences {sorted(unknown)}; known: {', '.join(DEFENCES)}")
+    return {d: d not in off for d in DEFENCES}

@@ -25,6 +25,8 @@ def test_scenario_rows_hold(name, tmp_path):
     assert rows["all on"].reads == 0
     if name == "incident-placeholder":
         assert rows["all on"].prevented > 0  # the over-long requests were stopped
+        both = rows["manifest_check+writer_tag_check off"]  # the incident itself: it happens, all caught
+        assert both.reads > 0 and both.caught.get("ownership_violation") == both.readers
     if name == "stale-block-table":
         off = rows["writer_tag_check off"]
         assert off.reads > 0 and off.caught.get("ownership_violation") == off.readers  # happened, all caught

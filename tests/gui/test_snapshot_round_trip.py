@@ -11,7 +11,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from engine.guard.scenarios import SCENARIOS, config_sections
 from gui.snapshot.bundle import read_bundle
@@ -35,7 +35,7 @@ def no_dialogs(monkeypatch):
     return shown
 
 
-def test_export_reopen_equals_the_live_engine(start_server, open_window, qtbot, tmp_path, no_dialogs):
+def test_export_reopen_equals_the_live_engine(start_server, open_window, qtbot, tmp_path, no_dialogs, monkeypatch):
     scenario = SCENARIOS["incident-placeholder"]
     sections = config_sections(scenario)
     sections["canaries"] = {"enabled": False}  # nothing may change between export and comparison
@@ -68,6 +68,15 @@ def test_export_reopen_equals_the_live_engine(start_server, open_window, qtbot, 
     names = {f["name"] for f in opened.manifest["files"]}
     assert {"state.json", "pages.npz", "metrics.csv", "events.jsonl", "trace.json", "report.html",
             *(f"pagemap-{p}.png" for p in opened.pages)} <= names
+
+    # from an alert's context menu: the bundle's window starts a minute before the alert
+    alert = next(a for a in window.state.alerts.values() if a.kind == "ownership_violation")
+    alert_path = str(tmp_path / "alert.zip")
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *args, **kwargs: (alert_path, "*.zip"))
+    window.export_alert_snapshot(alert.id)
+    qtbot.waitUntil(lambda: window.export_job is None, timeout=120_000)
+    assert window.last_export == alert_path
+    assert read_bundle(alert_path).manifest["window"]["since"] == pytest.approx(alert.first_seen - 60.0)
 
     # reopened in the window: the same pages, alerts and affected pairs, read-only
     assert window.open_snapshot(path)

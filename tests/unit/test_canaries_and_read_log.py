@@ -97,3 +97,16 @@ def test_a_canary_that_never_finishes_stops_holding_the_schedule_back():
     for canary in book.by_request.values():
         canary.sent -= 601  # sent more than LIVE_TIMEOUT_S ago
     assert book.due(start + 2) and not book.live
+
+
+def test_scenario_rows_name_the_defences_they_turn_off():
+    import pytest
+
+    from engine.guard.scenarios import DEFENCES, defences_for
+
+    assert defences_for("all on") == {d: True for d in DEFENCES}
+    assert defences_for("scrub off") == {**{d: True for d in DEFENCES}, "scrub": False}
+    both = defences_for("manifest_check+writer_tag_check off")
+    assert [d for d, on in both.items() if not on] == ["manifest_check", "writer_tag_check"]
+    with pytest.raises(ValueError, match="unknown defences \\['scrubbing'\\]"):
+        defences_for("scrubbing off")
