@@ -115,7 +115,7 @@ def _row(name: str, runs: list[float], base: list[float] | None = None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=5, help="overhead repetitions (0: skip the overhead part)")
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--clean", type=int, default=10_000, help="requests in the clean scenario (0: skip)")
@@ -126,6 +126,13 @@ def main() -> None:
     print(f"# guard: {platform.machine()}, {os.cpu_count()} cores, best of {args.reps} (interleaved)")
     tmp = Path(tempfile.mkdtemp(prefix="pw-guard-"))
 
+    if args.reps > 0:
+        _overhead_tables(tmp, args)
+    if args.clean:
+        _clean(tmp, args.clean)
+
+
+def _overhead_tables(tmp: Path, args) -> None:
     audited, plain = engine_overhead(3 * args.reps, args.requests, args.new_tokens)
     guarded, bare = overhead(tmp, 2 * args.reps, args.requests, args.new_tokens)
     print(f"\n| {args.requests} requests x {args.new_tokens} tokens, default model | decode tok/s (best) "
@@ -140,14 +147,16 @@ def main() -> None:
     print(f"\nserved cost, median of {len(spread)} back-to-back pairs: {cost:+.1%} (pairs range "
           f"{spread[0]:+.1%} .. {spread[-1]:+.1%}; goal <= 3%: {'met' if cost <= 0.03 else 'MISSED'})")
 
-    if args.clean:
-        start = time.perf_counter()
-        (row,) = run_scenario("clean", scale=args.clean / 2000, workdir=tmp, log=lambda line: None)
-        took = time.perf_counter() - start
-        print("\n| clean scenario | requests | cross reads | alerts caught | false positives | verdict | time |")
-        print("|---|---:|---:|---|---:|---|---:|")
-        print(f"| all defences on, canaries 10/s | {row.requests:,} | {row.reads} | {row.caught or '—'} | "
-              f"{row.false_positives} | {'pass' if row.passed else 'FAIL: ' + row.why} | {took:.0f} s |")
+
+def _clean(tmp: Path, requests: int) -> None:
+    start = time.perf_counter()
+    (row,) = run_scenario("clean", scale=requests / 2000, workdir=tmp, log=lambda line: None)
+    took = time.perf_counter() - start
+    print("\n| clean scenario | requests | cross reads | alerts caught | false positives | verdict | time |")
+    print("|---|---:|---:|---|---:|---|---:|")
+    print(f"| all defences on, canaries due 10/s (at most 2 running) | {row.requests:,} | {row.reads} | "
+          f"{row.caught or '—'} | {row.false_positives} | {'pass' if row.passed else 'FAIL: ' + row.why} | "
+          f"{took:.0f} s |", flush=True)
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              faults={"short_transfer": True}, workload=steady),
     Scenario("stale-block-table", "a decode page table names the page the pool hands out next",
              faults={"stale_block_table": True}, workload=steady),
-    Scenario("clean", "thousands of ordinary requests with canaries on (ten a second), no fault", workload=thousands,
+    Scenario("clean", "thousands of ordinary requests with canaries due ten a second (at most two running at once), no fault", workload=thousands,
              sections={"canaries": {"enabled": True, "per_minute": 600}}, rows=("all on",)),
 )}
 
