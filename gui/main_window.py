@@ -12,8 +12,7 @@ import time
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import (
-    QApplication, QDockWidget, QFileDialog, QMainWindow, QMessageBox, QProgressDialog, QSplitter, QTabWidget,
-    QToolBar, QVBoxLayout, QWidget,
+    QApplication, QDockWidget, QMainWindow, QSplitter, QTabWidget, QToolBar, QVBoxLayout, QWidget,
 )
 
 from engine.client import __version__
@@ -23,9 +22,8 @@ from gui.dialogs.about_dialog import AboutDialog
 from gui.dialogs.attach_dialog import AttachDialog
 from gui.dialogs.reconfigure_dialog import ReconfigureDialog
 from gui.model.engine_state import EngineState
-from gui.model.snapshot_state import scope_pairs, state_from_snapshot
-from gui.snapshot.bundle import SnapshotError, read_bundle
-from gui.snapshot_export import ExportJob
+from gui.model.snapshot_state import scope_pairs
+from gui.snapshot_view import SnapshotMixin
 from gui.theme import apply_theme
 from gui.widgets.alert_detail import AlertDetail
 from gui.widgets.alerts_table import AlertsTable
@@ -40,7 +38,6 @@ from gui.widgets.workers_panel import WorkersPanel
 
 REFRESH_MS = 100  # 10 Hz at most
 KEYFRAME_RETRY_S = 1.0
-SNAPSHOT_MARGIN_S = 60.0  # an alert's snapshot starts this long before the alert
 RECENT_KEY = "recent_engines"
 SHORTCUTS = {
     "Attach to an engine": "Ctrl+O", "Export incident snapshot": "Ctrl+E", "Demo load on/off": "Ctrl+D",
@@ -51,7 +48,7 @@ SHORTCUTS = {
 }
 
 
-class MainWindow(QMainWindow):
+class MainWindow(SnapshotMixin, QMainWindow):
     attach_requested = Signal(dict)  # from File -> Attach...: endpoint, key files, readonly
 
     def __init__(self, *, readonly: bool = False, theme: str = "system"):
@@ -379,99 +376,6 @@ class MainWindow(QMainWindow):
             if not demo.want_more() or len(demo.inflight) + demo.sent - demo.finished > demo.max_inflight * 2:
                 break
             self.request("submit", **demo.next_request())
-
-    # ---- incident snapshots ---------------------------------------------------------------
-    def export_snapshot(self, path: str | None = None, since: float | None = None) -> bool:
-        """Collect and write a bundle in the background (progress shown); False if not started."""
-        if self.transport is None or self.snapshot is not None or self.export_job is not None:
-            return False
-        if path is None:
-            default = f"pagewarden-snapshot-{time.strftime('%Y%m%d-%H%M%S')}.zip"
-            path, _ = QFileDialog.getSaveFileName(self, "Export incident snapshot", default, "Snapshot (*.zip)")
-            if not path:
-                return False
-        job = ExportJob(self.endpoint, path, since=since, server_key=self.transport.server_key,
-                        client_keys=self.transport.client_keys, parent=self)
-        progress = QProgressDialog("Exporting incident snapshot…", None, 0, 100, self)
-        progress.setWindowTitle("Incident snapshot")
-        progress.setMinimumDuration(300)  # short exports never flash a dialog
-        progress.setAutoClose(True)
-        job.progress.connect(lambda f, what: (progress.setValue(int(100 * f)), progress.setLabelText(
-            f"Exporting incident snapshot: {what}…")))
-        job.succeeded.connect(self._export_done)
-        job.failed.connect(self._export_failed)
-        job.finished.connect(lambda: (progress.reset(), setattr(self, "export_job", None)))
-        self.export_job, self.export_progress = job, progress
-        job.start()
-        return True
-
-    def export_alert_snapshot(self, alert_id: str) -> None:
-        alert = self.state.alerts.get(alert_id)
-        since = alert.first_seen - SNAPSHOT_MARGIN_S if alert is not None else None
-        self.export_snapshot(since=since)
-
-    def _export_done(self, path: str, summary: dict) -> None:
-        self.last_export = path
-        self.statusBar().showMessage(f"Snapshot written to {path}: {summary['requests']} requests, "
-                                     f"{summary['alerts']} alerts, {summary['affected']} responses affected", 15_000)
-
-    def _export_failed(self, message: str) -> None:
-        self.last_export = None
-        self.statusBar().showMessage(f"Snapshot export failed: {message}", 15_000)
-        QMessageBox.warning(self, "Incident snapshot", f"The snapshot could not be exported.\n\n{message}")
-
-    def open_snapshot(self, path: str | None = None) -> bool:
-        """Show a bundle read-only in this window. A bundle that cannot be read is refused
-        with the reason; one that does not verify is shown under a warning."""
-        if path is None:
-            path, _ = QFileDialog.getOpenFileName(self, "Open incident snapshot", "", "Snapshot (*.zip)")
-            if not path:
-                return False
-        try:
-            opened = read_bundle(path)
-        except SnapshotError as exc:
-            self.snapshot_error = str(exc)
-            QMessageBox.critical(self, "Open snapshot", f"This snapshot cannot be opened.\n\n{exc}")
-            return False
-        state, problems = state_from_snapshot(opened)
-        opened.warnings.extend(problems)
-        if self.transport is not None:
-            self.transport.stop()
-            self.transport = None
-        self.toggle_demo(False)
-        self.snapshot = opened
-        self.connection = "snapshot"
-        self.state = self._fresh_state(state)
-        self.snapshot_banner.show_snapshot(opened.manifest, str(opened.path), opened.warnings)
-        self.status_line.set_endpoint(f"snapshot {opened.path.name}", hosted=False)
-        self.status_line.set_connection("read-only snapshot")
-        self.status_line.set_snapshot(str(opened.manifest.get("created_utc") or "?"))
-        self.workers_panel.set_connected(False)
-        for view in (self.workers_panel, self.alerts_table, self.banner):
-            view.set_readonly(True)
-        self.alert_detail.show_alert(None)
-        self._changed |= {"pages", "requests", "alerts", "workers", "capacity", "engine", "metrics", "connection"}
-        self.state.take_new_alerts()
-        self.refresh()
-        self.setWindowTitle(f"PageWarden — snapshot {opened.path.name} (read-only)")
-        return True
-
-    def close_snapshot(self) -> None:
-        if self.snapshot is None:
-            return
-        self._leave_snapshot()
-        self.state = self._fresh_state()
-        self.connection = "disconnected"
-        self.status_line.set_endpoint("", hosted=False)
-        self._changed |= {"pages", "requests", "alerts", "workers", "capacity", "engine", "metrics", "connection"}
-        self.refresh()
-
-    def _leave_snapshot(self) -> None:
-        if self.snapshot is not None:
-            self.snapshot = None
-            self.snapshot_banner.hide()
-            self.status_line.set_snapshot(None)
-            self.set_readonly(self.readonly)
 
     # ---- attach dialog, recent engines, theme, readonly, about --------------------------
     def open_attach(self) -> None:
