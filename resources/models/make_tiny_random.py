@@ -110,10 +110,15 @@ def write_model(out: Path, seed: int, config: dict | None = None) -> None:
     config = {**CONFIG, **(config or {})}
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(random_weights(config, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    write_tokenizer_files(out, config["max_position_embeddings"])
+
+
+def write_tokenizer_files(out: Path, max_positions: int) -> None:
+    """generation_config.json, tokenizer.json and tokenizer_config.json of a byte-level checkpoint."""
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 256, "eos_token_id": 257, "pad_token_id": 258}, indent=2) + "\n"
     )
-    save_file(random_weights(config, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
     build_tokenizer().save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(
         json.dumps(
@@ -122,7 +127,7 @@ def write_model(out: Path, seed: int, config: dict | None = None) -> None:
                 "bos_token": "<s>",
                 "eos_token": "</s>",
                 "pad_token": "<pad>",
-                "model_max_length": config["max_position_embeddings"],
+                "model_max_length": max_positions,
             },
             indent=2,
         )

@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from make_tiny_random import CONFIG as TINY_CONFIG  # noqa: E402
-from make_tiny_random import build_tokenizer  # noqa: E402
+from make_tiny_random import write_tokenizer_files  # noqa: E402
 
 BOS, EOS, PAD = 256, 257, 258
 INSTRUCTION = "\n\nRepeat the text above exactly:\n"
@@ -144,24 +144,7 @@ def build_config(args) -> dict:
 def save_checkpoint(model, cfg: dict, out: Path, meta: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
-    # keep config.json in the exact field layout of the tiny model (plus HF's additions)
-    (out / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD}, indent=2) + "\n"
-    )
-    build_tokenizer().save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": "<s>",
-                "eos_token": "</s>",
-                "pad_token": "<pad>",
-                "model_max_length": cfg["max_position_embeddings"],
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    write_tokenizer_files(out, cfg["max_position_embeddings"])
     (out / "train_meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
