@@ -94,5 +94,12 @@ class LocalServer:
                 self.proc.wait()
         self.proc.stdout.close()
 
+    def check_alive(self) -> None:
+        """Raise RuntimeError with the end of the server's log when it has exited."""
+        code = self.proc.poll()
+        if code is not None:
+            tail = self.log()[-3000:]
+            raise RuntimeError(f"the engine exited (status {code}); the end of its log {self.log_path}:\n{tail}")
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

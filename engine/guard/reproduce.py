@@ -22,6 +22,7 @@ from engine.guard.scenarios import SCENARIOS, Scenario, config_sections, defence
 DETECTORS = ("ownership_violation", "transfer_mismatch", "late_write_landed", "late_write_dropped",
              "canary_leak", "canary_marker_in_output", "admission_rejected", "transfer_timeout")
 ISOLATION_ALERTS = tuple(d for d in DETECTORS if d != "admission_rejected")
+POLL_S = 2.0  # how often a slow answer makes us check the engine is still alive
 SETTLE_S = 0.6  # let the decode workers' last isolation reports reach the supervisor
 
 
@@ -58,7 +59,7 @@ def run_scenario(name: str, *, scale: float = 1.0, seed: int | None = None, base
         results = []
         for i, row in enumerate(scenario.rows):
             client.reconfigure({"defences": defences_for(row)}, apply=True)
-            results.append(run_row(client, scenario, row, random.Random(seed + i), scale))
+            results.append(run_row(client, scenario, row, random.Random(seed + i), scale, alive=server.check_alive))
             log(f"  {name}: {row}: {results[-1].reads} cross reads, "
                 f"{'pass' if results[-1].passed else 'FAIL: ' + results[-1].why}")
         return results
@@ -66,10 +67,12 @@ def run_scenario(name: str, *, scale: float = 1.0, seed: int | None = None, base
         server.stop()
 
 
-def run_row(client, scenario: Scenario, row: str, rng: random.Random, scale: float) -> RowResult:
+def run_row(client, scenario: Scenario, row: str, rng: random.Random, scale: float,
+            alive=lambda: None) -> RowResult:
+    """alive(): raises when the engine is gone (checked whenever an answer is slow to come)."""
     start = time.time()
     work = scenario.workload(rng, scale)
-    ids = _run(client, work)
+    ids = run_workload(client, work, alive)
     time.sleep(SETTLE_S)
     end = time.time()
     truth = [r for r in client.call("ground_truth")["reads"] if start <= r["time"] <= end]
@@ -79,13 +82,25 @@ def run_row(client, scenario: Scenario, row: str, rng: random.Random, scale: flo
     return _tabulate(scenario, row, ids, truth, pairs, audits, touched)
 
 
-def _run(client, work: list[dict]) -> list[str]:
-    """Submit everything at once (concurrency is what the faults need); wait for every end."""
+def run_workload(client, work: list[dict], alive=lambda: None) -> list[str]:
+    """Submit everything at once (concurrency is what the faults need); wait for every end.
+    A dead engine is reported within POLL_S; a live one that stops answering, after the
+    client's own timeout."""
     streams = [client.submit(stream=False, **fields) for fields in work]
     ids = []
     for stream in streams:
-        rid = None
-        for msg in client.events(stream):
+        rid, quiet = None, 0.0
+        while True:
+            try:
+                msg = client.recv_for(stream, POLL_S)
+            except TimeoutError:
+                alive()
+                quiet += POLL_S
+                if quiet >= client.timeout_s:
+                    raise TimeoutError(f"request {rid or '(not accepted yet)'} got no answer within "
+                                       f"{client.timeout_s:.0f} s while the engine is running") from None
+                continue
+            quiet = 0.0
             rid = msg.get("request_id") or rid
             if msg.op in ("done", "error"):
                 break

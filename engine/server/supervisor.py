@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import shutil
+import sys
 import tempfile
 import time
 from collections import Counter, deque
@@ -163,6 +164,22 @@ class Supervisor:
                 self.counters["errors"] += 1
                 if sock is self.control:
                     self.to_client(identity, error_reply(_msg_id(body), exc.code, str(exc)))
+            except Exception as exc:  # a bug in one handler must not take the whole engine down
+                self._internal_error(sock, identity, body, exc)
+
+    def _internal_error(self, sock: zmq.Socket, identity: bytes, body, exc: Exception) -> None:
+        """Log the traceback, count it, raise an alert, answer the caller; keep serving."""
+        import traceback
+
+        self.counters["internal_errors"] += 1
+        where = "control" if sock is self.control else "bus"
+        peer = identity[:32].decode(errors="replace")
+        traceback.print_exc(file=sys.stderr)
+        detail = (f"supervisor bug handling a {where} message from {peer}: {type(exc).__name__}: {exc}; "
+                  "the message was dropped, the engine keeps running (traceback in the engine log)")
+        self.alert("internal_error", "error", detail, subject=peer)
+        if sock is self.control:
+            self.to_client(identity, error_reply(_msg_id(body), "internal_error", detail))
 
     def shutdown(self) -> None:
         """Stop every worker (kill what does not exit in time), close sockets, remove the run dir."""

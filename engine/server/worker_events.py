@@ -191,7 +191,7 @@ class WorkerEvents:
         sup = self.sup
         reader = str(event.get("request"))
         pages = [p for p in event.get("pages") or [] if isinstance(p, dict)]
-        writers = sorted({p["writer"][0] for p in pages if isinstance(p.get("writer"), list)})
+        writers = sorted({w for w in map(_writer_slot, pages) if w is not None})
         sources = [self._request_of(w) or f"slot {w}" for w in writers if w != event.get("slot")]
         prevented = bool(event.get("prevented"))
         how = "masked, request aborted" if prevented else "NOT prevented (defence off or report_only)"
@@ -204,7 +204,7 @@ class WorkerEvents:
         for writer in writers:
             if sup.canaries.is_canary_slot(writer) and not sup.canaries.is_canary_slot(event.get("slot")):
                 self._canary_leak(sup.canaries.by_slot[writer].request_id, reader,
-                                  [p["page"] for p in pages if p.get("writer", [None])[0] == writer], prevented)
+                                  [p["page"] for p in pages if _writer_slot(p) == writer], prevented)
 
     def _cross_read(self, worker: WorkerHandle, event: dict) -> None:
         from engine.guard.read_log import ReadRecord
@@ -257,3 +257,10 @@ class WorkerEvents:
             client, msg_id = waiting
             self.sup.to_client(client, pack({"op": "reply", "id": msg_id, "result": {
                 "pool": msg.get("pool"), "worker": worker.name}}, msg.arrays))
+
+
+def _writer_slot(page: dict):
+    """The slot that wrote a page this epoch, from a worker's report: None when nobody did
+    (the worker sends `writer: null`) or the field is not the expected [slot, epoch] pair."""
+    writer = page.get("writer")
+    return writer[0] if isinstance(writer, (list, tuple)) and writer else None

@@ -12,25 +12,12 @@ import numpy as np
 from engine.commands.local_server import write_config
 from engine.client import EngineClient
 from engine.config import EngineConfig
+from engine.guard.reproduce import run_workload
 from engine.guard.scenarios import SCENARIOS, config_sections
 from engine.kv.page_tags import PageState
 
 CONNECT_MS = 180_000
 
-
-def _run(client: EngineClient, work: list[dict]) -> None:
-    streams = [client.submit(stream=False, **fields) for fields in work]
-    for stream in streams:
-        rid = None
-        try:
-            for msg in client.events(stream, timeout_s=float(os.environ.get("PW_STUCK_S", 300))):
-                rid = msg.get("request_id") or rid
-                if msg.op in ("done", "error"):
-                    break
-        except TimeoutError:
-            import json
-            print("STUCK", rid, json.dumps(client.audit(rid)), json.dumps(client.status()["workers"]), flush=True)
-            raise
 
 
 def test_incident_placeholder_in_the_app(qtbot, tmp_path):
@@ -53,7 +40,7 @@ def test_incident_placeholder_in_the_app(qtbot, tmp_path):
         rng = random.Random(7)
         # phase 1: the manifest check is off, the writer-tag check catches the placeholders
         client.reconfigure({"defences": {"manifest_check": False}}, apply=True)
-        _run(client, scenario.workload(rng, 0.5))
+        run_workload(client, scenario.workload(rng, 0.5))
         decode = "decode-0"
         qtbot.waitUntil(lambda: decode in window.state.pages.pools and
                         (window.state.pages.pools[decode].arrays["state"] == PageState.QUARANTINED).any(),
@@ -68,7 +55,7 @@ def test_incident_placeholder_in_the_app(qtbot, tmp_path):
         # phase 2: the writer-tag check off too: the placeholders read other requests' stale pages
         phase2 = time.time()
         client.reconfigure({"defences": {"manifest_check": False, "writer_tag_check": False}}, apply=True)
-        _run(client, scenario.workload(rng, 0.5))
+        run_workload(client, scenario.workload(rng, 0.5))
         truth = client.call("ground_truth")["reads"]
         assert truth, "the incident did not happen"
         firing = lambda a: (not a.acked and a.kind == "ownership_violation"  # noqa: E731

@@ -13,18 +13,12 @@ import numpy as np
 import pytest
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
+from engine.guard.reproduce import run_workload
 from engine.guard.scenarios import SCENARIOS, config_sections
 from gui.snapshot.bundle import read_bundle
 
 ALERT_KEYS = ("id", "kind", "state", "count", "requests", "pages", "first_seen", "severity")
 
-
-def _run(client, work: list[dict]) -> None:
-    streams = [client.submit(stream=False, **fields) for fields in work]
-    for stream in streams:
-        for msg in client.events(stream, timeout_s=300):
-            if msg.op in ("done", "error"):
-                break
 
 
 @pytest.fixture
@@ -42,7 +36,7 @@ def test_export_reopen_equals_the_live_engine(start_server, open_window, qtbot, 
     sections["defences"] = {"manifest_check": False, "writer_tag_check": False}
     server = start_server("--allow-faults", **sections)
     client = server.client(timeout_s=300)
-    _run(client, scenario.workload(random.Random(3), 0.25))
+    run_workload(client, scenario.workload(random.Random(3), 0.25))
     window = open_window(server.control)
     qtbot.waitUntil(lambda: any(a.kind == "ownership_violation" for a in window.state.alerts.values()),
                     timeout=20_000)

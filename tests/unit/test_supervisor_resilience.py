@@ -1,0 +1,61 @@
+"""The supervisor survives what its handlers did not expect: a worker's ownership report
+naming a page nobody wrote this epoch (`writer: null`) beside a canary's page, and any
+other handler bug (answered, counted, alerted; the next message is served)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engine.client import EngineClient
+from engine.config import EngineConfig
+from engine.client.engine_client import RemoteError
+from engine.server.supervisor import Supervisor
+
+
+@pytest.fixture
+def supervisor():
+    sup = Supervisor(EngineConfig().replace(canaries={"enabled": False}))  # no workers started
+    yield sup
+    sup.shutdown()
+
+
+def test_an_ownership_report_with_an_unwritten_page_and_a_canary_page(supervisor):
+    sup = supervisor
+    sup.slot_requests.update({3: "victim", 9: "canary-9"})
+    sup.canaries.add("canary-9", 9, "marker", [1, 2])
+    event = {"kind": "ownership_violation", "request": "victim", "slot": 3, "pool": "decode-0", "prevented": True,
+             "pages": [{"page": 40, "writer": None}, {"page": 41, "writer": [9, 5]}, {"page": 42, "writer": "junk"}]}
+    sup.events._ownership(None, event)  # the report that used to kill the supervisor
+    alerts = {a["kind"]: a for a in sup.alerts.alerts.values()}
+    assert alerts["canary_leak"]["pages"] == [41]  # only the canary's page, not the unwritten one
+    assert alerts["canary_leak"]["requests"] == ["canary-9", "victim"]
+    assert alerts["ownership_violation"]["pages"] == [40, 41, 42]
+    assert "canary-9" in alerts["ownership_violation"]["detail"]
+
+
+def test_a_handler_bug_is_answered_alerted_and_the_engine_keeps_serving(supervisor, monkeypatch, capfd):
+    sup = supervisor
+
+    def broken(identity, msg):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(sup.ops, "op_audit", broken)
+    stop = threading.Event()
+    pump = threading.Thread(target=lambda: sup.run(until=stop.is_set), daemon=True)
+    pump.start()
+    try:
+        with EngineClient(sup.control_endpoint, timeout_s=30) as client:
+            with pytest.raises(RemoteError) as caught:
+                client.audit("r1")
+            assert caught.value.code == "internal_error"
+            assert "KeyError" in str(caught.value) and "keeps running" in str(caught.value)
+            alerts = client.status()["alerts"]  # a later op on the same socket is served
+            assert [a["kind"] for a in alerts] == ["internal_error"]
+            assert "KeyError: 'a bug'" in alerts[0]["detail"]
+    finally:
+        stop.set()
+        pump.join(10)
+    assert sup.counters["internal_errors"] == 1
+    assert "Traceback" in capfd.readouterr().err  # the traceback went to the engine log
