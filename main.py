@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.commands import keys, local, remote, reproduce, serve
+from engine.commands import keys, kv_events, local, remote, reproduce, serve
 
 
 def add_gui_args(parser) -> None:
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     remote.register(sub)
     keys.register(sub)
     reproduce.register(sub)
+    kv_events.register(sub)
     from gui.snapshot import command as snapshot
 
     snapshot.register(sub)

@@ -1,0 +1,1 @@
+"""Adapters that read other inference engines' telemetry (vLLM, SGLang) into PageWarden's terms."""

@@ -1,0 +1,284 @@
+"""Decode the KV-cache event frames vLLM and SGLang publish (`--kv-events-config`, publisher
+"zmq") into one normalized form: a Batch of BlockStored / BlockRemoved / AllBlocksCleared.
+
+Wire facts, learned from the engines' public sources (no code taken from them):
+- A PUB message is 3 frames (topic, seq, payload); topic defaults to ""; seq counts from 0
+  and is written `seq.to_bytes(8, "big")` (unsigned). vllm-project/vllm
+  vllm/distributed/kv_events.py (ZmqEventPublisher._publisher_thread); sgl-project/sglang
+  python/sglang/srt/disaggregation/kv_events.py (the same publisher).
+- The payload is msgspec's msgpack of an EventBatch (ts, events, rank):
+  * vLLM, early (vllm/distributed/kv_events.py @b4e69e0): array_like structs, the batch is
+    [ts, events] with no rank; tagged events ["BlockStored", block_hashes, parent_block_hash,
+    token_ids, block_size, lora_id], ["BlockRemoved", block_hashes], ["AllBlocksCleared"].
+  * vLLM, later (examples/online_serving/kv_events_subscriber.py @0ef0f42): `medium` appended
+    to BlockStored and BlockRemoved; vllm-project/vllm PR #18925 added data_parallel_rank.
+  * vLLM, current (vllm/distributed/kv_events.py @0181ea3): array_like dropped, so the batch
+    is a map {ts, events, data_parallel_rank} and each event a map tagged under "type";
+    BlockStored gained lora_name, extra_keys, group_idx, kv_cache_spec_kind,
+    kv_cache_spec_sliding_window; BlockRemoved gained group_idx (omitted when default).
+  * vLLM hashes are ExternalBlockHash = bytes | int (vllm/v1/core/kv_cache_utils.py): sha256
+    bytes by default, or with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES the digest's low 64 bits as
+    an UNSIGNED int (`int.from_bytes(...) & (2**64 - 1)`), which msgpack sends as uint64.
+  * SGLang (python/sglang/srt/disaggregation/kv_events.py @612d579): array_like, the batch is
+    [ts, events, attn_dp_rank], hashes list[int], no medium. A later copy of that file
+    (amdpilot-org/sglang @a029c21) adds an optional trailing medium ("GPU", "CPU_PINNED",
+    "DISK", "EXTERNAL") and, on salted blocks, a trailing {cache_salt} metadata map.
+Where the brief said otherwise: int hashes are unsigned 64-bit in vLLM (not only int64), so
+both signed and unsigned 64-bit values are accepted and normalized alike; the current vLLM
+batch itself is a map, not only its events; the rank field is data_parallel_rank (vLLM) or
+attn_dp_rank (SGLang); early vLLM batches carry no rank at all.
+
+Dialects: "auto" accepts every variant above; "vllm" reads only data_parallel_rank from a
+map batch; "sglang" reads only attn_dp_rank and refuses bytes hashes (SGLang sends ints).
+Never unpickles; sizes are bounded. Every refusal is a KvEventError naming the position,
+the value and what was expected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgpack
+
+MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+MAX_EVENTS = 1_000_000
+MAX_ARRAY_ITEMS = 16 * 1024 * 1024  # any one msgpack array (token_ids of a 1M-token prompt fit)
+MAX_HASH_BYTES = 64
+MAX_BLOCK_SIZE = 1 << 20
+DIALECTS = ("auto", "vllm", "sglang")
+TAGS = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+RANK_FIELDS = {"auto": ("data_parallel_rank", "attn_dp_rank"), "vllm": ("data_parallel_rank",),
+               "sglang": ("attn_dp_rank",)}
+# Positional field order after the tag; the first `required` must be present, later ones
+# are optional, anything beyond is a newer version's field and ignored.
+FIELDS = {"BlockStored": (("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+                           "medium"), 5),
+          "BlockRemoved": (("block_hashes", "medium"), 1),
+          "AllBlocksCleared": ((), 0)}
+MAP_REQUIRED = {"BlockStored": ("block_hashes", "token_ids", "block_size"), "BlockRemoved": ("block_hashes",),
+                "AllBlocksCleared": ()}
+END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
+_U64 = (1 << 64) - 1
+
+
+class KvEventError(ValueError):
+    """A frame or payload that is not a KV event batch; `seq` is its sequence number when
+    the seq frame itself was readable (so a watcher can still count it as received)."""
+
+    def __init__(self, message: str, seq: int | None = None):
+        super().__init__(message)
+        self.seq = seq
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    block_hashes: list[str]
+    parent: str | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    block_hashes: list[str]
+    medium: str | None
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    pass
+
+
+@dataclass
+class Batch:
+    seq: int
+    ts: float
+    dp_rank: int | None
+    events: list = field(default_factory=list)
+    topic: bytes = b""
+
+
+def _show(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _kind(value) -> str:
+    return "nil" if value is None else type(value).__name__
+
+
+def check_dialect(dialect: str) -> str:
+    """`dialect` itself; KvEventError naming it and the known ones otherwise."""
+    if dialect not in DIALECTS:
+        raise KvEventError(f"unknown dialect {dialect!r}; known: {', '.join(DIALECTS)}")
+    return dialect
+
+
+def read_seq(frame: bytes, where: str) -> int:
+    """The 8-byte big-endian unsigned sequence number in `frame`."""
+    if len(frame) != 8:
+        raise KvEventError(f"{where}: sequence number must be 8 bytes big-endian, got {len(frame)} bytes "
+                           f"({_show(bytes(frame[:16]))})")
+    return int.from_bytes(frame, "big")
+
+
+def normalize_hash(value, where: str, dialect: str = "auto") -> str:
+    """A block hash as stable hex: an int (signed or unsigned 64-bit) as the 16 hex digits of
+    its unsigned 64-bit value, bytes (1..64) as their hex."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not -(1 << 63) <= value <= _U64:
+            raise KvEventError(f"{where}: hash {value} does not fit 64 bits (signed or unsigned)")
+        return f"{value & _U64:016x}"
+    if isinstance(value, bytes):
+        if dialect == "sglang":
+            raise KvEventError(f"{where}: hash {_show(value)} is bytes, but the sglang dialect sends integer "
+                               "hashes; use --dialect auto or vllm")
+        if not 1 <= len(value) <= MAX_HASH_BYTES:
+            raise KvEventError(f"{where}: hash of {len(value)} bytes; expected 1 to {MAX_HASH_BYTES}")
+        return value.hex()
+    raise KvEventError(f"{where}: hash {_show(value)} is {_kind(value)}; expected int or bytes")
+
+
+def _int(value, where: str, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise KvEventError(f"{where}: {_show(value)} is {_kind(value)}; expected an integer")
+    if not low <= value <= high:
+        raise KvEventError(f"{where}: {value} is outside {low}..{high}")
+    return value
+
+
+def _optional_int(value, where: str) -> int | None:
+    return None if value is None else _int(value, where, -(1 << 63), _U64)
+
+
+def _hashes(value, where: str, dialect: str) -> list[str]:
+    if not isinstance(value, list):
+        raise KvEventError(f"{where}: block_hashes {_show(value)} is {_kind(value)}; expected an array")
+    return [normalize_hash(h, f"{where}: block_hashes[{i}]", dialect) for i, h in enumerate(value)]
+
+
+def _medium(value, where: str) -> str | None:
+    if value is None or (isinstance(value, str) and 0 < len(value) <= 64):
+        return value
+    raise KvEventError(f"{where}: medium {_show(value)} is {_kind(value)}; expected a name of 1 to 64 "
+                       "characters or nil")
+
+
+def _event_fields(raw, where: str) -> tuple[str, dict]:
+    """(tag, {field: value}) from a tagged array or a tagged map."""
+    if isinstance(raw, list):
+        if not raw:
+            raise KvEventError(f"{where}: empty array; expected a tag ({', '.join(TAGS)}) first")
+        tag = raw[0]
+    elif isinstance(raw, dict):
+        if "type" not in raw:
+            raise KvEventError(f"{where}: map without a 'type' tag; keys: {sorted(map(str, raw))[:8]}")
+        tag = raw["type"]
+    else:
+        raise KvEventError(f"{where}: {_show(raw)} is {_kind(raw)}; expected a tagged array or map")
+    if tag not in TAGS:
+        raise KvEventError(f"{where}: unknown tag {_show(tag)}; known: {', '.join(TAGS)}")
+    names, required = FIELDS[tag]
+    if isinstance(raw, dict):
+        missing = [name for name in MAP_REQUIRED[tag] if name not in raw]
+        if missing:
+            raise KvEventError(f"{where}: {tag} map lacks {', '.join(missing)}; keys: {sorted(map(str, raw))}")
+        return tag, {name: raw.get(name) for name in names}
+    values = raw[1:]
+    if len(values) < required:
+        raise KvEventError(f"{where}: {tag} needs at least {required} fields ({', '.join(names[:required])}), "
+                           f"got {len(values)}")
+    return tag, dict(zip(names, values))
+
+
+def decode_event(raw, index: int, dialect: str = "auto"):
+    """One event (tagged array or map) as BlockStored, BlockRemoved or AllBlocksCleared."""
+    where = f"event {index}"
+    tag, values = _event_fields(raw, where)
+    if tag == "AllBlocksCleared":
+        return AllBlocksCleared()
+    hashes = _hashes(values["block_hashes"], where, dialect)
+    medium = _medium(values.get("medium"), where)
+    if tag == "BlockRemoved":
+        return BlockRemoved(hashes, medium)
+    parent = values["parent_block_hash"]
+    tokens = values["token_ids"]
+    if not isinstance(tokens, list):
+        raise KvEventError(f"{where}: token_ids {_show(tokens)} is {_kind(tokens)}; expected an array")
+    bad = next((i for i, t in enumerate(tokens) if type(t) is not int), None)
+    if bad is not None:
+        raise KvEventError(f"{where}: token_ids[{bad}] {_show(tokens[bad])} is {_kind(tokens[bad])}; "
+                           "expected an integer")
+    return BlockStored(
+        block_hashes=hashes,
+        parent=None if parent is None else normalize_hash(parent, f"{where}: parent_block_hash", dialect),
+        token_ids=tokens,
+        block_size=_int(values["block_size"], f"{where}: block_size", 1, MAX_BLOCK_SIZE),
+        lora_id=_optional_int(values.get("lora_id"), f"{where}: lora_id"),
+        medium=medium,
+    )
+
+
+def _batch_parts(obj, dialect: str) -> tuple:
+    """(ts, events, rank) from an array batch [ts, events(, rank)] or a map batch."""
+    if isinstance(obj, list):
+        if len(obj) < 2:
+            raise KvEventError(f"batch: array of at least 2 fields (ts, events[, rank]) expected, got {len(obj)}")
+        return obj[0], obj[1], obj[2] if len(obj) > 2 else None
+    if isinstance(obj, dict):
+        missing = [key for key in ("ts", "events") if key not in obj]
+        if missing:
+            raise KvEventError(f"batch: map lacks {', '.join(missing)}; keys: {sorted(map(str, obj))[:8]}")
+        rank = next((obj[name] for name in RANK_FIELDS[dialect] if name in obj), None)
+        return obj["ts"], obj["events"], rank
+    raise KvEventError(f"batch: {_show(obj)} is {_kind(obj)}; expected an array or map (ts, events, rank)")
+
+
+def decode_payload(payload: bytes, seq: int, dialect: str = "auto", where: str = "frame 2",
+                   topic: bytes = b"") -> Batch:
+    """The msgpack `payload` of batch `seq` as a Batch. Raises KvEventError (with .seq)."""
+    check_dialect(dialect)
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise KvEventError(f"{where}: payload is {len(payload):,} bytes; the limit is {MAX_PAYLOAD_BYTES:,}", seq)
+    try:
+        obj = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_array_len=MAX_ARRAY_ITEMS)
+    except Exception as exc:  # msgpack raises ValueError, UnpackException, UnicodeDecodeError, ...
+        raise KvEventError(f"{where}: payload is not msgpack ({type(exc).__name__}: {exc})", seq) from None
+    try:
+        ts, events, rank = _batch_parts(obj, dialect)
+        if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+            raise KvEventError(f"batch: ts {_show(ts)} is {_kind(ts)}; expected a number")
+        if not isinstance(events, list):
+            raise KvEventError(f"batch: events {_show(events)} is {_kind(events)}; expected an array")
+        if len(events) > MAX_EVENTS:
+            raise KvEventError(f"batch: {len(events):,} events; the limit is {MAX_EVENTS:,}")
+        rank = None if rank is None else _int(rank, "batch: rank", 0, (1 << 31) - 1)
+        decoded = [decode_event(raw, i, dialect) for i, raw in enumerate(events)]
+    except KvEventError as exc:
+        raise KvEventError(str(exc), seq) from None
+    return Batch(seq=seq, ts=float(ts), dp_rank=rank, events=decoded, topic=topic)
+
+
+def decode_frames(frames, dialect: str = "auto") -> Batch:
+    """A PUB message (topic, seq, payload) as a Batch. Raises KvEventError naming the frame,
+    the bad value and what was expected."""
+    check_dialect(dialect)
+    if len(frames) != 3:
+        raise KvEventError(f"3 frames expected (topic, seq, payload), got {len(frames)}")
+    topic, seq_frame, payload = (bytes(f) for f in frames)
+    return decode_payload(payload, read_seq(seq_frame, "frame 1"), dialect, "frame 2", topic)
+
+
+def decode_replay_frames(frames, dialect: str = "auto") -> Batch | None:
+    """A replay answer (seq, payload) as a Batch, or None for the end marker (seq -1 and an
+    empty payload). Raises KvEventError like decode_frames."""
+    if len(frames) != 2:
+        raise KvEventError(f"replay: 2 frames expected (seq, payload), got {len(frames)}")
+    seq_frame, payload = (bytes(f) for f in frames)
+    if seq_frame == END_OF_REPLAY:
+        if payload:
+            raise KvEventError(f"replay: end marker with a {len(payload)}-byte payload; expected an empty one")
+        return None
+    return decode_payload(payload, read_seq(seq_frame, "replay frame 0"), dialect, "replay frame 1")

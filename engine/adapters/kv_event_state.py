@@ -1,0 +1,205 @@
+"""KvEventState: what an engine's KV-event stream says its cache holds, per data-parallel rank,
+plus the health of the stream itself (refused frames, sequence gaps, replays). Plain Python,
+no sockets and no Qt: the watcher feeds it, a view may read it.
+
+A rank's blocks live in one BlockPool per storage medium ("GPU", "CPU", ... or None when the
+engine does not say), because vLLM's offloading stores the same hash on GPU and CPU and
+removes each copy separately. Within a pool every block keeps one layout slot until it is
+removed; freed slots are reused lowest first, so a page map does not reshuffle.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, deque
+from dataclasses import dataclass
+
+from engine.adapters.kv_event_decode import AllBlocksCleared, Batch, BlockRemoved, BlockStored
+
+RECENT = 5  # refusal messages and gaps kept for the summary
+NO_MEDIUM = "unspecified"  # the summary's name for blocks whose engine sends no medium
+
+
+@dataclass
+class BlockInfo:
+    hash: str
+    parent: str | None
+    tokens: int
+    medium: str | None
+    lora_id: int | None
+    root: str  # the first ancestor of its lineage this stream has seen (itself when none)
+    slot: int
+
+
+class BlockPool:
+    """The blocks of one rank on one medium, each with a stable slot."""
+
+    def __init__(self, medium: str | None):
+        self.medium = medium
+        self.blocks: dict[str, BlockInfo] = {}
+        self._free: list[int] = []  # heap of slots freed by removals
+        self._next = 0  # first slot never used
+
+    def store(self, block_hash: str, parent: str | None, tokens: int, lora_id: int | None, root: str) -> BlockInfo:
+        """Hold `block_hash` (again): a re-stored block keeps its slot and root."""
+        held = self.blocks.get(block_hash)
+        if held is not None:
+            held.parent, held.tokens, held.lora_id = parent, tokens, lora_id
+            return held
+        if self._free:
+            slot = heapq.heappop(self._free)
+        else:
+            slot, self._next = self._next, self._next + 1
+        info = BlockInfo(block_hash, parent, tokens, self.medium, lora_id, root, slot)
+        self.blocks[block_hash] = info
+        return info
+
+    def remove(self, block_hash: str) -> bool:
+        """Drop `block_hash` and free its slot; False when it was not held."""
+        info = self.blocks.pop(block_hash, None)
+        if info is None:
+            return False
+        heapq.heappush(self._free, info.slot)
+        return True
+
+
+class RankState:
+    """One data-parallel rank: its pools by medium and the endpoints that reported it."""
+
+    def __init__(self):
+        self.pools: dict[str | None, BlockPool] = {}
+        self.endpoints: set[str] = set()
+
+    def pool(self, medium: str | None) -> BlockPool:
+        if medium not in self.pools:
+            self.pools[medium] = BlockPool(medium)
+        return self.pools[medium]
+
+    def find(self, block_hash: str, medium: str | None = None) -> BlockInfo | None:
+        """The block `block_hash` on `medium`, else on any medium, else None."""
+        pool = self.pools.get(medium)
+        if pool is not None and block_hash in pool.blocks:
+            return pool.blocks[block_hash]
+        return next((p.blocks[block_hash] for p in self.pools.values() if block_hash in p.blocks), None)
+
+    def block_count(self) -> int:
+        return sum(len(pool.blocks) for pool in self.pools.values())
+
+
+def tokens_in_block(event: BlockStored, index: int) -> int:
+    """How many of event.token_ids fall in its index-th block (the last may be partial)."""
+    return max(0, min(event.block_size, len(event.token_ids) - index * event.block_size))
+
+
+class KvEventState:
+    """Blocks held per rank, event counts, and the stream's refusals, gaps and replays."""
+
+    def __init__(self):
+        self.ranks: dict[int, RankState] = {}
+        self.events: Counter[str] = Counter({"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0})
+        self.batches = 0
+        self.unknown_removals = 0  # BlockRemoved for a hash this stream never saw stored
+        self.refused = 0
+        self.refusals: deque[str] = deque(maxlen=RECENT)
+        self.gaps = 0
+        self.recent_gaps: deque[dict] = deque(maxlen=RECENT)
+        self.gaps_unfilled = 0
+        self.replays = 0
+        self.replay_failures = 0
+        self.replayed_batches = 0
+        self.duplicates = 0
+        self.restarts = 0
+        self.last_seq: dict[str, int] = {}
+
+    def rank(self, rank: int) -> RankState:
+        if rank not in self.ranks:
+            self.ranks[rank] = RankState()
+        return self.ranks[rank]
+
+    def find(self, rank: int, block_hash: str, medium: str | None = None) -> BlockInfo | None:
+        """The block `block_hash` held by `rank` (on `medium` first), or None."""
+        return self.ranks[rank].find(block_hash, medium) if rank in self.ranks else None
+
+    def apply(self, batch: Batch, endpoint: str) -> None:
+        """Apply every event of `batch`, received from `endpoint`, in order. A batch without
+        a rank (early vLLM) counts as rank 0."""
+        rank = self.rank(batch.dp_rank if batch.dp_rank is not None else 0)
+        rank.endpoints.add(endpoint)
+        for event in batch.events:
+            self.events[type(event).__name__] += 1
+            if isinstance(event, BlockStored):
+                self._store(rank, event)
+            elif isinstance(event, BlockRemoved):
+                pool = rank.pool(event.medium)
+                self.unknown_removals += sum(not pool.remove(h) for h in event.block_hashes)
+            elif isinstance(event, AllBlocksCleared):
+                rank.pools.clear()
+        self.batches += 1
+        self.last_seq[endpoint] = batch.seq
+
+    def _store(self, rank: RankState, event: BlockStored) -> None:
+        pool = rank.pool(event.medium)
+        parent = event.parent
+        for index, block_hash in enumerate(event.block_hashes):
+            # The root is the parent's root (itself found by walking parents when stored),
+            # or this block when the parent is unknown here.
+            known = rank.find(parent, event.medium) if parent is not None else None
+            root = known.root if known is not None else block_hash
+            pool.store(block_hash, parent, tokens_in_block(event, index), event.lora_id, root)
+            parent = block_hash
+
+    def record_refusal(self, endpoint: str, message: str, seq: int | None = None) -> None:
+        """A frame that could not be decoded; its seq (when readable) still counts as received."""
+        self.refused += 1
+        self.refusals.append(f"{endpoint}: {message}")
+        if seq is not None:
+            self.last_seq[endpoint] = seq
+
+    def record_gap(self, endpoint: str, expected: int, got: int, filled: bool) -> None:
+        """Seq `got` arrived when `expected` was due; `filled`: a replay brought every batch between."""
+        self.gaps += 1
+        self.gaps_unfilled += not filled
+        self.recent_gaps.append({"endpoint": endpoint, "expected": expected, "got": got, "filled": filled})
+
+    def record_replay(self, batches: int, complete: bool) -> None:
+        """A replay that brought `batches` answers; complete: its end marker came in time."""
+        self.replayed_batches += batches
+        if complete:
+            self.replays += 1
+        else:
+            self.replay_failures += 1
+
+    def record_duplicate(self) -> None:
+        """A batch whose seq was applied already (a replay brought it first)."""
+        self.duplicates += 1
+
+    def record_restart(self, endpoint: str) -> None:
+        """`endpoint` began again at seq 0: the engine restarted and its counter with it."""
+        self.restarts += 1
+        self.last_seq.pop(endpoint, None)
+
+    def summary(self) -> dict:
+        """A JSON-able view: blocks per rank and medium, event counts, stream health."""
+        ranks = {}
+        for number in sorted(self.ranks):
+            rank = self.ranks[number]
+            by_medium = {NO_MEDIUM if m is None else m: len(p.blocks) for m, p in rank.pools.items() if p.blocks}
+            ranks[str(number)] = {"blocks": rank.block_count(), "by_medium": dict(sorted(by_medium.items())),
+                                  "endpoints": sorted(rank.endpoints)}
+        return {
+            "ranks": ranks,
+            "events": dict(self.events),
+            "batches": self.batches,
+            "unknown_removals": self.unknown_removals,
+            "gaps": self.gaps,
+            "gaps_unfilled": self.gaps_unfilled,
+            "recent_gaps": list(self.recent_gaps),
+            "replays": self.replays,
+            "replay_failures": self.replay_failures,
+            "replayed_batches": self.replayed_batches,
+            "refused": self.refused,
+            "recent_refusals": list(self.refusals),
+            "duplicates": self.duplicates,
+            "restarts": self.restarts,
+            "last_seq": dict(sorted(self.last_seq.items())),
+        }
