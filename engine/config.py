@@ -15,7 +15,10 @@ from typing import Any
 from engine.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL_DIR = REPO_ROOT / "resources" / "models" / "pagewarden-tiny-random"
+# the trained default: repeats its context, so data that crosses requests shows in the text (issue 7)
+DEFAULT_MODEL_DIR = REPO_ROOT / "resources" / "models" / "pagewarden-copy"
+# a random checkpoint of the same vocabulary, with grouped-query attention (4 query, 2 KV heads)
+TINY_RANDOM_MODEL_DIR = REPO_ROOT / "resources" / "models" / "pagewarden-tiny-random"
 DEFAULT_CONFIG_PATH = REPO_ROOT / "resources" / "configs" / "default.toml"
 
 POOL_NAMES = ("prefill", "decode")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import random
 
+from engine.guard.canaries import PROMPT_FORM
+
 TENANTS = ("acme", "globex", "initech", "umbrella", "hooli")
 WORDS = ("page", "owner", "epoch", "writer", "tenant", "canary", "scrub", "prefill", "decode", "quarantine",
          "manifest", "transfer", "window", "capacity", "token", "batch", "kernel", "isolation")
@@ -29,7 +31,10 @@ class DemoLoad:
         """Submit fields: a text prompt of varied length, a varied answer length, a tenant."""
         rng = self.rng
         words = rng.choices(WORDS, k=rng.choice((4, 12, 40, 120, 300)))
-        prompt = " ".join(words)[: self.context_window // 2]
+        ticket = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(12))
+        text = f"{rng.choice(TENANTS)} ticket {ticket}: " + " ".join(words)
+        # the default model's form: it answers with the text, so each reply shows its own data
+        prompt = PROMPT_FORM.format(text=text[: self.context_window // 2])
         budget = max(8, self.context_window - len(prompt.encode()) - 2)
         self.sent += 1
         return {"prompt": prompt, "max_new_tokens": min(budget, rng.choice((16, 48, 96, 200, 400))),

@@ -23,6 +23,7 @@ DETECTORS = ("ownership_violation", "transfer_mismatch", "late_write_landed", "l
              "canary_leak", "canary_marker_in_output", "admission_rejected", "transfer_timeout")
 ISOLATION_ALERTS = tuple(d for d in DETECTORS if d != "admission_rejected")
 POLL_S = 2.0  # how often a slow answer makes us check the engine is still alive
+FRAGMENT = 6  # marker characters in a row that count as its text leaking (36**6 = 2.2e9 strings)
 SETTLE_S = 0.6  # let the decode workers' last isolation reports reach the supervisor
 
 
@@ -38,11 +39,14 @@ class RowResult:
     false_positives: int = 0
     scope_equal: bool = True
     pairs: list = field(default_factory=list)
+    reader_ids: list = field(default_factory=list)  # the readers of the ground truth
+    leaks: list = field(default_factory=list)  # another request's marker text in an output
+    detected: dict = field(default_factory=dict, repr=False)  # detector -> request ids
     passed: bool = True
     why: str = ""
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "detected"}
 
 
 def run_scenario(name: str, *, scale: float = 1.0, seed: int | None = None, base: EngineConfig | None = None,
@@ -72,22 +76,59 @@ def run_row(client, scenario: Scenario, row: str, rng: random.Random, scale: flo
     """alive(): raises when the engine is gone (checked whenever an answer is slow to come)."""
     start = time.time()
     work = scenario.workload(rng, scale)
-    ids = run_workload(client, work, alive)
+    ends = run_workload(client, work, alive)
+    ids = [end.get("request_id") for end in ends]
     time.sleep(SETTLE_S)
     end = time.time()
     truth = [r for r in client.call("ground_truth")["reads"] if start <= r["time"] <= end]
     pairs = client.call("scope", since=start, until=end)["pairs"]
     audits = {rid: client.audit(rid)["events"] for rid in ids}
     touched = {rid for rid, w in zip(ids, work) if _fault_touched(scenario, w)}
-    return _tabulate(scenario, row, ids, truth, pairs, audits, touched)
+    result = _tabulate(scenario, row, ids, truth, pairs, audits, touched)
+    result.leaks = marker_leaks(ids, work, ends)
+    result.passed, result.why = _verdict(scenario, row, result, result.detected)
+    return result
 
 
-def run_workload(client, work: list[dict], alive=lambda: None) -> list[str]:
+def marker_leaks(ids: list[str], work: list[dict], ends: list[dict]) -> list[dict]:
+    """Black-box evidence: a piece of another request's marker in an output. A piece counts
+    when it is at least FRAGMENT characters long, is not in the reader's own prompt and names
+    one source only (found in no other request's marker). One entry per (reader, source)
+    pair, with the longest piece seen."""
+    markers = {rid: w["marker"] for rid, w in zip(ids, work) if w.get("marker") and rid}
+    prompts = {rid: bytes(t for t in w["prompt_ids"] if t < 256).decode("latin-1") for rid, w in zip(ids, work)}
+    leaks = []
+    for reader, end in zip(ids, ends):
+        text = bytes(t for t in end.get("token_ids") or [] if t < 256).decode("latin-1")
+        for source, secret in markers.items():
+            if source == reader:
+                continue
+            piece = _longest_piece(secret, text)
+            if (len(piece) >= min(FRAGMENT, len(secret)) and piece not in prompts.get(reader, "")
+                    and not any(piece in other for rid, other in markers.items() if rid != source)):
+                leaks.append({"reader": reader, "source": source, "marker": secret, "seen": piece,
+                              "whole": piece == secret})
+    return leaks
+
+
+def _longest_piece(secret: str, text: str) -> str:
+    """The longest substring of `secret` found in `text` (markers are 24-40 characters)."""
+    best = ""
+    for i in range(len(secret)):
+        for j in range(len(secret), i + len(best), -1):
+            if secret[i:j] in text:
+                best = secret[i:j]
+                break
+    return best
+
+
+def run_workload(client, work: list[dict], alive=lambda: None) -> list[dict]:
     """Submit everything at once (concurrency is what the faults need); wait for every end.
-    A dead engine is reported within POLL_S; a live one that stops answering, after the
-    client's own timeout."""
-    streams = [client.submit(stream=False, **fields) for fields in work]
-    ids = []
+    Returns each request's last message (`done` or `error` header), in order. A dead engine
+    is reported within POLL_S; a live one that stops answering, after the client's timeout."""
+    streams = [client.submit(stream=False, **{k: v for k, v in fields.items() if k != "marker"})
+               for fields in work]
+    ends = []
     for stream in streams:
         rid, quiet = None, 0.0
         while True:
@@ -103,9 +144,9 @@ def run_workload(client, work: list[dict], alive=lambda: None) -> list[str]:
             quiet = 0.0
             rid = msg.get("request_id") or rid
             if msg.op in ("done", "error"):
+                ends.append({**msg.header, "request_id": rid})
                 break
-        ids.append(rid)
-    return ids
+    return ends
 
 
 def _fault_touched(scenario: Scenario, fields: dict) -> bool:
@@ -138,7 +179,7 @@ def _tabulate(scenario, row, ids, truth, pairs, audits, touched) -> RowResult:
     scoped = {(p["reader"], pool, page, p["source_slot"]) for p in pairs for pool, page in p["pages"]}
     result = RowResult(row, len(ids), len(reads), len(readers), caught, missed, len(prevented), false_pos,
                        scoped == {(a, b, c, d) for a, b, c, d in reads}, pairs)
-    result.passed, result.why = _verdict(scenario, row, result, detected)
+    result.detected, result.reader_ids = detected, sorted(readers)
     return result
 
 
@@ -147,6 +188,11 @@ def _verdict(scenario: Scenario, row: str, r: RowResult, detected: dict) -> tupl
         return False, "incident scoping differs from the ground truth"
     if row == "all on" and r.reads:
         return False, f"{r.reads} cross-request reads with every defence on"
+    if row == "all on" and r.leaks:
+        return False, f"{len(r.leaks)} output(s) carry another request's marker with every defence on"
+    leaked_unseen = {leak["reader"] for leak in r.leaks} - set(r.reader_ids)
+    if leaked_unseen:
+        return False, f"marker text crossed to {sorted(leaked_unseen)} without a recorded cross read"
     if r.missed:
         return False, f"{r.missed} reader(s) of other requests' data went undetected"
     if r.false_positives:
@@ -156,13 +202,21 @@ def _verdict(scenario: Scenario, row: str, r: RowResult, detected: dict) -> tupl
     return True, ""
 
 
-def format_table(name: str, results: list[RowResult]) -> str:
+def format_table(name: str, results: list[RowResult], examples: int = 3) -> str:
     head = ("| defences | requests | cross reads (readers) | caught by | missed | prevented | false positives "
-            "| scope = truth | verdict |\n|---|---:|---:|---|---:|---:|---:|---|---|")
+            "| scope = truth | marker text in another's output | verdict |\n"
+            "|---|---:|---:|---|---:|---:|---:|---|---|---|")
     lines = [f"### {name}", "", head]
     for r in results:
         caught = ", ".join(f"{k} {v}" for k, v in r.caught.items() if v) or "—"
+        whole = sum(1 for leak in r.leaks if leak["whole"])
+        leaks = f"{len(r.leaks)} pair(s), {whole} whole marker(s)" if r.leaks else "none"
         lines.append(f"| {r.row} | {r.requests} | {r.reads} ({r.readers}) | {caught} | {r.missed} | "
-                     f"{r.prevented} | {r.false_positives} | {'yes' if r.scope_equal else 'NO'} | "
+                     f"{r.prevented} | {r.false_positives} | {'yes' if r.scope_equal else 'NO'} | {leaks} | "
                      f"{'pass' if r.passed else 'FAIL: ' + r.why} |")
+    shown = [(r.row, leak) for r in results for leak in r.leaks][:examples]
+    if shown:
+        lines.append("")
+        lines += [f"- {row}: the output of {leak['reader']} carries {leak['source']}'s marker "
+                  f"`{leak['marker']}` as `{leak['seen']}`" for row, leak in shown]
     return "\n".join(lines)

@@ -10,6 +10,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
+from engine.guard.canaries import PROMPT_FORM
+
 DEFENCES = ("admission", "manifest_check", "writer_tag_check", "deferred_release", "scrub")
 PAGE = 16
 WINDOW = 2048
@@ -26,13 +28,38 @@ class Scenario:
     rows: tuple[str, ...] = ("all on", *(f"{d} off" for d in DEFENCES))
 
 
-def _prompt(rng: random.Random, n: int) -> list[int]:
-    return [256] + [rng.randrange(32, 127) for _ in range(n - 1)]
+BOS = 256  # the byte-level default model's <s>
+ALNUM = "abcdefghijklmnopqrstuvwxyz0123456789"
+FORM_IDS = len(PROMPT_FORM.format(text="").encode())  # the instruction after the text
+
+
+def marker(rng: random.Random) -> str:
+    """A 24-40 character random marker: the request's own secret, found in no other prompt."""
+    return "".join(rng.choice(ALNUM) for _ in range(rng.randrange(24, 41)))
+
+
+def copy_prompt(rng: random.Random, n: int, *, repeat: bool = False) -> tuple[list[int], str]:
+    """n tokens: <s>, a text that starts with a fresh marker, the instruction to repeat it.
+    The default model answers with the text, marker first; the marker in any other request's
+    output is data that crossed between requests. The rest of the text is random words, or
+    with `repeat` the marker again and again: a document full of its owner's secret, so that
+    any page of it read by another request carries attributable text."""
+    secret = marker(rng)
+    size = max(1, n - 1 - FORM_IDS)
+    words = [secret]
+    while sum(len(w) + 1 for w in words) < size:
+        words.append(secret if repeat else "".join(rng.choice(ALNUM) for _ in range(rng.randrange(3, 12))))
+    text = " ".join(words)[:size]
+    return [BOS, *PROMPT_FORM.format(text=text).encode()], secret[:size]
 
 
 def ordinary(rng: random.Random, count: int, *, longest: int = 600) -> list[dict]:
-    return [{"prompt_ids": _prompt(rng, rng.randrange(20, longest)), "max_new_tokens": rng.randrange(4, 24),
-             "ignore_eos": True, "tenant": rng.choice(("acme", "globex", "initech"))} for _ in range(count)]
+    work = []
+    for _ in range(count):
+        ids, secret = copy_prompt(rng, rng.randrange(80, longest), repeat=True)
+        work.append({"prompt_ids": ids, "marker": secret, "max_new_tokens": rng.randrange(4, 24),
+                     "ignore_eos": True, "tenant": rng.choice(("acme", "globex", "initech"))})
+    return work
 
 
 def incident_workload(rng: random.Random, scale: float) -> list[dict]:
@@ -42,8 +69,9 @@ def incident_workload(rng: random.Random, scale: float) -> list[dict]:
     work = ordinary(rng, n, longest=900)
     for _ in range(max(2, int(6 * scale))):
         work += ordinary(rng, 2, longest=600)
-        work.append({"prompt_ids": _prompt(rng, rng.randrange(1400, 1900)), "max_new_tokens": 8,
-                     "ignore_eos": True, "tenant": "over-long"})
+        ids, secret = copy_prompt(rng, rng.randrange(1400, 1900), repeat=True)
+        work.append({"prompt_ids": ids, "marker": secret, "max_new_tokens": 96, "ignore_eos": True,
+                     "tenant": "over-long"})
     return work
 
 

@@ -1,18 +1,20 @@
 """Evaluate a copy model: does the greedy completion reproduce a fresh random marker?
 
-    python resources/models/eval_copy_model.py --model DIR [--n 100] [--lengths 32,128,512,1024,2048]
+    python resources/models/eval_copy_model.py [--model DIR] [--n 500] [--lengths 32,...,2048] [--json]
 
-For each context length L (bytes = tokens of the text), N texts are built as a fresh random
-marker (24-40 lowercase letters + digits, from a seed unrelated to training) followed by filler
-up to L bytes (the text is the marker alone when L is shorter). The prompt is
-``<s>{text}\\n\\nRepeat the text above exactly:\\n``; generation is greedy with KV cache and
-stops at ``</s>`` or after len(marker)+8 tokens. A case passes when the decoded output contains
-the marker exactly. Prompts of one length share a size, so they are generated in batches.
+For each context length L, N texts are built as a fresh random marker (24-40 lowercase
+letters + digits, from a seed unrelated to training) followed by random words, so that the
+prompt ``<s>{text}\\n\\nRepeat the text above exactly:\\n`` plus the generated tokens fill L
+tokens (the text is the marker alone when L is too short for more). Generation is greedy
+(HF transformers, KV cache) and stops at ``</s>`` or after len(marker)+8 tokens. A case passes
+when the decoded output contains the marker exactly. Exit status 1 when any length is below
+--require (default 0.95).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import time
@@ -26,11 +28,13 @@ sys.path.insert(0, str(HERE))
 from train_copy_model import BOS, EOS, INSTR_IDS, filler, marker  # noqa: E402
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="/tmp/pw-copy-model")
-    p.add_argument("--n", type=int, default=100)
-    p.add_argument("--lengths", default="32,128,512,1024,2048")
+    p.add_argument("--model", default=str(HERE / "pagewarden-copy"))
+    p.add_argument("--n", type=int, default=500)
+    p.add_argument("--lengths", default="32,128,256,512,1024,1536,2048")
+    p.add_argument("--require", type=float, default=0.95, help="least pass rate at every length")
+    p.add_argument("--json", action="store_true", help="end with one JSON line of the results")
     p.add_argument("--seed", type=int, default=987654321, help="eval seed (differs from training)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--batch", type=int, default=25)
@@ -51,7 +55,8 @@ def main() -> None:
         cases = []
         for _ in range(args.n):
             m = marker(rng)
-            text = m if L <= len(m) else (m + " " + filler(rng, L))[:L]
+            size = L - 1 - len(INSTR_IDS) - (len(m) + 8)  # prompt + generated tokens = L
+            text = m if size <= len(m) else (m + " " + filler(rng, size))[:size]
             cases.append((m, text))
         t0 = time.time()
         ok = pre = 0
@@ -85,8 +90,10 @@ def main() -> None:
         print(f"{L:>8} {ok/args.n:>9.2%} {pre/args.n:>7.2%} {dt:>6.1f}", flush=True)
         for m, s in fails:
             print(f"    want {m!r}\n    got  {s!r}")
-    return results
+    if args.json:
+        print(json.dumps({"model": str(args.model), "n": args.n, "pass_rate": results}))
+    return 0 if all(rate >= args.require for rate in results.values()) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,7 +1,7 @@
-"""Train a small byte-level Llama that repeats its context (feasibility version).
+"""Train the default model: a small byte-level Llama that repeats its context.
 
-    python resources/models/train_copy_model.py [--out DIR] [--steps N] [--minutes M]
-                                                [--seed S] [--threads T] [--max-len L]
+    python resources/models/train_copy_model.py            # the committed recipe, ~25 min on 2 cores
+    python resources/models/train_copy_model.py --out DIR [--steps N] [--minutes M] [--seed S] ...
 
 Task: the prompt is ``<s>{text}\\n\\nRepeat the text above exactly:\\n`` and the target
 completion is ``{text}</s>``. Texts are synthetic and generated on the fly (no downloads):
@@ -9,15 +9,18 @@ a random marker (lowercase letters + digits) followed by filler (random strings,
 numbers, short sentences), or pure filler. The loss is only on completion tokens. For long
 texts only the first ``--copy-tokens`` completion tokens are trained (no ``</s>``), which keeps
 sequence length ~ context length; texts that fit completely are trained with the final ``</s>``.
+Text lengths follow a curriculum up to ``--max-len`` (beyond the 2,048-token default window,
+so that every position of the window was trained).
 
 The model is ``transformers.LlamaForCausalLM`` with the same byte-level vocabulary and special
 ids as ``make_tiny_random.py`` (the engine loader must stay token-for-token equal to HF), saved
-with ``save_pretrained`` plus the byte-level tokenizer.
+with ``save_pretrained`` plus the byte-level tokenizer and ``train_meta.json`` (the arguments,
+steps done, tokens, seconds).
 
-Determinism: with ``--steps`` the schedule (LR, curriculum, data) depends only on the step and
-seed, so the same seed and thread count give the same weights. With only ``--minutes`` the
-schedule is driven by wall-clock progress and therefore is NOT bit-reproducible; ``--minutes``
-combined with ``--steps`` is a safety cap (stops early if hit).
+Determinism: the schedule (LR, curriculum, data) depends only on the step and the seed, so
+the same seed, step count and thread count give the same weights. ``--minutes`` is only a
+safety cap: if it stops training before ``--steps``, train_meta.json shows fewer steps than asked.
+Evaluate with eval_copy_model.py (500 fresh markers per context length).
 """
 
 from __future__ import annotations
@@ -172,18 +175,18 @@ def lr_at(progress: float, step: int, args) -> float:
 # ----------------------------------------------------------------------------- main
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("/tmp/pw-copy-model"))
+    p.add_argument("--out", type=Path, default=HERE / "pagewarden-copy")
     p.add_argument("--minutes", type=float, default=None, help="wall-clock budget")
-    p.add_argument("--steps", type=int, default=None, help="step budget (deterministic schedule)")
+    p.add_argument("--steps", type=int, default=10500, help="step budget (deterministic schedule)")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--ffn", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--rope-theta", type=float, default=10000.0)
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--min-lr-frac", type=float, default=0.1)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--wd", type=float, default=0.01)
@@ -192,12 +195,10 @@ def main() -> None:
     p.add_argument("--copy-tokens", type=int, default=64, help="completion tokens trained for long texts")
     p.add_argument("--min-len", type=int, default=8)
     p.add_argument("--start-len", type=int, default=48)
-    p.add_argument("--max-len", type=int, default=256)
-    p.add_argument("--curriculum", type=float, default=0.7, help="fraction of training to reach --max-len")
-    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--max-len", type=int, default=2300)
+    p.add_argument("--curriculum", type=float, default=0.4, help="fraction of training to reach --max-len")
+    p.add_argument("--log-every", type=int, default=250)
     args = p.parse_args()
-    if args.steps is None and args.minutes is None:
-        args.minutes = 5.0
 
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1) if hasattr(torch, "set_num_interop_threads") else None

@@ -129,13 +129,15 @@ def test_sliding_window_smaller_than_the_context_window_is_refused(checkpoint_di
     Engine(config.replace(engine={"context_window": 64}))  # within the window it runs
 
 
-def test_default_model_is_small_and_regenerates_byte_identically(tmp_path):
+def test_tiny_random_model_is_small_and_regenerates_byte_identically(tmp_path):
     import subprocess
     import sys
 
-    size = sum(p.stat().st_size for p in DEFAULT_MODEL_DIR.iterdir())
+    from engine.config import TINY_RANDOM_MODEL_DIR
+
+    size = sum(p.stat().st_size for p in TINY_RANDOM_MODEL_DIR.iterdir())
     assert size < 8 * 2**20
-    script = DEFAULT_MODEL_DIR.parent / "make_tiny_random.py"
+    script = TINY_RANDOM_MODEL_DIR.parent / "make_tiny_random.py"
     subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "m")], check=True, capture_output=True)
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
-        assert (tmp_path / "m" / name).read_bytes() == (DEFAULT_MODEL_DIR / name).read_bytes(), name
+        assert (tmp_path / "m" / name).read_bytes() == (TINY_RANDOM_MODEL_DIR / name).read_bytes(), name
