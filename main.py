@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.commands import keys, kv_events, local, remote, reproduce, serve
+from engine.commands import keys, kv_events, local, probe, remote, reproduce, serve
 
 
 def add_gui_args(parser) -> None:
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     keys.register(sub)
     reproduce.register(sub)
     kv_events.register(sub)
+    probe.register(sub)
     from gui.snapshot import command as snapshot
 
     snapshot.register(sub)

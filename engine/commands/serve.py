@@ -7,6 +7,7 @@ import signal
 import sys
 
 from engine.commands.common import EXIT_OK, add_model_args, fail, load_config
+from engine.http.options import add_http_args, check_http_args, start_http
 
 
 def register(sub) -> None:
@@ -23,6 +24,7 @@ def register(sub) -> None:
     serve.add_argument("--allow-faults", action="store_true",
                        help="allow turning defences off and faults on (reproducing incidents; never in production)")
     serve.add_argument("--json", action="store_true", help="print a JSON line with the endpoints when ready")
+    add_http_args(serve)
     serve.set_defaults(func=cmd_serve)
 
 
@@ -33,6 +35,7 @@ def cmd_serve(args) -> int:
     curve = None
     try:
         config = load_config(args)
+        check_http_args(args)
         if args.curve:
             import zmq
 
@@ -54,15 +57,23 @@ def cmd_serve(args) -> int:
     for finding in supervisor.findings:
         if finding.exceeds:
             print(f"WARNING: {finding.message()}", file=sys.stderr)
+    try:
+        http = start_http(args, supervisor.control_endpoint)
+    except (OSError, ValueError, TimeoutError) as exc:
+        supervisor.shutdown()
+        return fail(args, exc)
     ready = {"ready": True, "control": supervisor.control_endpoint, "telemetry": supervisor.telemetry_endpoint,
-             "curve": curve is not None, "workers": list(supervisor.workers)}
+             "curve": curve is not None, "workers": list(supervisor.workers), "http": http and http.url}
     if args.json:
         print(json.dumps(ready), flush=True)
     else:
         print(f"PageWarden engine: control {supervisor.control_endpoint}, telemetry "
-              f"{supervisor.telemetry_endpoint}, workers {', '.join(supervisor.workers)}", flush=True)
+              f"{supervisor.telemetry_endpoint}, workers {', '.join(supervisor.workers)}"
+              + (f", HTTP {http.url} (no CURVE)" if http else ""), flush=True)
     try:
         supervisor.run()
     finally:
+        if http:
+            http.stop()
         supervisor.shutdown()
     return EXIT_OK

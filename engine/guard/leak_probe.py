@@ -61,7 +61,7 @@ class Finding:
 class RoundReport:
     round: int
     marker_tokens: int | None = None  # as the server counted them
-    marker_repeated: bool = False  # the marker prompt's own reply carried its marker
+    marker_repeated: bool = False  # the marker prompt's own reply carried >= MIN_FRAGMENT of its marker
     marker_error: str | None = None  # the marker prompt was refused or failed
     followups: list[str] = field(default_factory=list)  # per follow-up: answered / rejected (...) / failed (...)
     findings: list[Finding] = field(default_factory=list)
@@ -114,8 +114,8 @@ class LeakProbe:
             return report
         self.markers.append((number, marker))
         report.marker_tokens = answer.prompt_tokens or self.long_tokens
-        report.marker_repeated = marker in answer.text
-        over = self.window - report.marker_tokens + 1  # one token past the window
+        report.marker_repeated = leaked_fragment(marker, answer.text) is not None  # as well as a finding needs
+        over = max(1, self.window - report.marker_tokens + 1)  # one token past the window
         for reply in range(1, self.followups + 1):
             body = {"model": self.model, "prompt": self.followup_prompt(len(prompt)), "max_tokens": over,
                     "temperature": 0.0, "user": "pagewarden-probe"}

@@ -1,0 +1,134 @@
+"""OpenAIHttp: the few calls a black-box probe makes to an OpenAI-compatible server
+(/v1/models, /v1/completions plain and streamed), with the stdlib only, at a bounded rate.
+
+Every answer comes back as a value (`Completion`), HTTP errors included: to a probe a
+rejection is a result, not a failure. Only a server that cannot be reached, or that does
+not speak the API, raises ProbeError.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+
+class ProbeError(Exception):
+    """The server cannot be probed: unreachable, or not an OpenAI-compatible API."""
+
+
+@dataclass
+class Completion:
+    status: int  # HTTP status (200 also for a stream that ended in an error chunk)
+    text: str = ""
+    prompt_tokens: int | None = None
+    error_code: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+
+class Pacer:
+    """At most `per_second` requests a second: wait() sleeps until the next one may go."""
+
+    def __init__(self, per_second: float):
+        self.interval = 1.0 / per_second
+        self._next = 0.0
+
+    def wait(self) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            time.sleep(self._next - now)
+        self._next = max(now, self._next) + self.interval
+
+
+class OpenAIHttp:
+    def __init__(self, base_url: str, *, api_key: str | None = None, per_second: float = 2.0,
+                 timeout_s: float = 120.0):
+        self.base = base_url.rstrip("/")
+        if not self.base.endswith("/v1"):
+            self.base += "/v1"
+        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self.pacer, self.timeout_s = Pacer(per_second), timeout_s
+        self.sent = 0
+
+    def _open(self, path: str, body: dict | None = None):
+        self.pacer.wait()
+        self.sent += 1
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.base + path, data=data, headers=self.headers,
+                                         method="GET" if body is None else "POST")
+        try:
+            return urllib.request.urlopen(request, timeout=self.timeout_s)
+        except urllib.error.HTTPError:
+            raise  # an answer (a URLError too): the caller reads its status and body
+        except (urllib.error.URLError, OSError) as exc:
+            raise ProbeError(f"cannot reach {self.base}{path}: {getattr(exc, 'reason', exc)}") from None
+
+    def models(self) -> list[dict]:
+        """The served models (each at least an `id`). Raises ProbeError."""
+        try:
+            with self._open("/models") as response:
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            raise ProbeError(f"GET {self.base}/models answered HTTP {exc.code}: {_error_of(exc)[1]}") from None
+        except json.JSONDecodeError:
+            raise ProbeError(f"GET {self.base}/models did not answer JSON") from None
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list) or not all(isinstance(m, dict) and "id" in m for m in data):
+            raise ProbeError(f"GET {self.base}/models did not answer an OpenAI model list")
+        return data
+
+    def complete(self, body: dict) -> Completion:
+        """POST /v1/completions and wait for the whole answer."""
+        try:
+            with self._open("/completions", {**body, "stream": False}) as response:
+                answer = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return Completion(exc.code, "", None, *_error_of(exc))
+        choice = (answer.get("choices") or [{}])[0]
+        usage = answer.get("usage") or {}
+        return Completion(200, str(choice.get("text") or ""), usage.get("prompt_tokens"))
+
+    def stream(self, body: dict, read_chars: int) -> Completion:
+        """POST a streamed completion and read until it ends or `read_chars` characters came;
+        then hang up (a server that notices stops generating for nobody)."""
+        try:
+            response = self._open("/completions", {**body, "stream": True})
+        except urllib.error.HTTPError as exc:
+            return Completion(exc.code, "", None, *_error_of(exc))
+        text, done = [], Completion(200)
+        with response:
+            for raw in response:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
+                    done.error_code, done.error = str(error.get("code")), str(error.get("message"))
+                    break
+                text += [str(c.get("text") or "") for c in chunk.get("choices") or []]
+                if sum(map(len, text)) >= read_chars:
+                    break
+        done.text = "".join(text)
+        return done
+
+
+def _error_of(exc: urllib.error.HTTPError) -> tuple[str | None, str]:
+    """(code, message) of an OpenAI error body, or the HTTP reason."""
+    try:
+        error = json.loads(exc.read()).get("error") or {}
+        return (str(error.get("code")) if error.get("code") is not None else None,
+                str(error.get("message") or exc.reason))
+    except (ValueError, AttributeError, OSError):
+        return None, str(exc.reason)

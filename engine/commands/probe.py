@@ -1,0 +1,148 @@
+"""`probe --url URL`: look, from outside, for one request's data in another's reply
+through an OpenAI-compatible HTTP API (see engine.guard.leak_probe for what each round
+sends and why). Exit 1 on any finding, 0 on none, 2 for bad arguments or a server that
+cannot be probed."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from urllib.parse import urlsplit
+
+from engine.commands.common import EXIT_FINDING, EXIT_OK, EXIT_USAGE, fail
+
+MAX_ROUNDS = 50
+MAX_FOLLOWUPS = 16
+MAX_RATE = 10.0  # requests a second: a probe, never load
+READ_CHARS = (16, 4096)
+MIN_LONG_TOKENS = 96  # the form, the longest marker and some filler
+
+DESCRIPTION = """\
+Each round sends (1) a marker prompt: the copy model's form '{text}\\n\\nRepeat the text above
+exactly:\\n' around a fresh random 24-40 character marker and filler words, --long-tokens tokens,
+48 tokens asked; then, right after it, (2) --followups unrelated prompts of exactly the same
+length (filler words in the same form) asking for max_tokens = window - prompt tokens + 1: one
+token past the context window (GET /v1/models max_model_len, or --window). A healthy engine
+rejects those with HTTP 400. An engine with the 2026 incident's fault replaces each by a one-token
+placeholder that decodes over pages it reserved for the whole prompt: the pages the marker prompt
+just freed; unscrubbed, they make the model repeat the marker. Only a follow-up exactly as long as
+the marker prompt lines up with its instruction (measured on PageWarden's engine: 1 or 16 tokens
+off shows no marker), so lengths are matched character for character (exact for byte-level
+tokenizers). Follow-ups are streamed and read for at most --read-chars characters. Any piece of
+>= 12 characters of any marker sent, in a follow-up's reply, is a finding.
+Safe by default: at most --rate requests a second (cap 10), --rounds x (1 + --followups)
+requests in all, loopback only unless --allow-remote. Exit 1 on any finding, 0 on none, 2 for
+bad arguments or a server that cannot be probed (unreachable, no model list, no marker placed)."""
+
+
+def register(sub) -> None:
+    probe = sub.add_parser("probe", help="look for other requests' data in replies of an OpenAI-compatible server",
+                           description=DESCRIPTION)
+    probe.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
+    probe.add_argument("--model", help="model name to ask for (default: the first of GET /v1/models)")
+    probe.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key "
+                       "(sent as 'Authorization: Bearer')")
+    probe.add_argument("--rounds", type=int, default=3, help=f"rounds (1..{MAX_ROUNDS}, default 3)")
+    probe.add_argument("--followups", type=int, default=3, help=f"follow-ups per round (1..{MAX_FOLLOWUPS}, default 3)")
+    probe.add_argument("--long-tokens", type=int, help="tokens of each marker prompt (default: the window - 64, at "
+                       f"most 512; from {MIN_LONG_TOKENS} to the window - 48; it must fit the server's prefill pool)")
+    probe.add_argument("--window", type=int, help="the context window to exceed (default: max_model_len of /v1/models)")
+    probe.add_argument("--rate", type=float, default=2.0, help=f"requests a second (above 0, at most {MAX_RATE:g})")
+    probe.add_argument("--read-chars", type=int, default=256,
+                       help=f"characters read of each follow-up's reply "
+                       f"({READ_CHARS[0]}..{READ_CHARS[1]}, default 256)")
+    probe.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each answer")
+    probe.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --url host")
+    probe.add_argument("--json", action="store_true", help="end with one JSON line: rounds and findings")
+    probe.set_defaults(func=cmd_probe)
+
+
+def check_args(args) -> str | None:
+    """The API key (or None). Raises ValueError naming the value and the limit."""
+    from engine.http.options import is_loopback
+
+    for name, value, low, high in (("--rounds", args.rounds, 1, MAX_ROUNDS),
+                                   ("--followups", args.followups, 1, MAX_FOLLOWUPS),
+                                   ("--read-chars", args.read_chars, *READ_CHARS)):
+        if not low <= value <= high:
+            raise ValueError(f"{name} {value} is outside {low}..{high}")
+    if not 0 < args.rate <= MAX_RATE:
+        raise ValueError(f"--rate {args.rate:g} must be above 0 and at most {MAX_RATE:g} requests a second")
+    if not args.timeout > 0:
+        raise ValueError(f"--timeout {args.timeout:g} must be above 0 seconds")
+    parts = urlsplit(args.url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--url {args.url!r} must be http://HOST[:PORT] or https://HOST[:PORT]")
+    if not is_loopback(parts.hostname) and not args.allow_remote:
+        raise ValueError(f"--url host {parts.hostname} is not loopback; pass --allow-remote to probe it")
+    if not args.api_key_env:
+        return None
+    key = os.environ.get(args.api_key_env)
+    if not key:
+        raise ValueError(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty")
+    return key
+
+
+def long_tokens_for(args, window: int) -> int:
+    """--long-tokens, or its default, checked against the window. Raises ValueError."""
+    from engine.guard.leak_probe import MARKER_REPLY_TOKENS
+
+    high = window - MARKER_REPLY_TOKENS
+    value = args.long_tokens if args.long_tokens is not None else min(512, window - 64)
+    if not MIN_LONG_TOKENS <= value <= high:
+        raise ValueError(f"--long-tokens {value} is outside {MIN_LONG_TOKENS}..{high} (window {window:,} "
+                         f"- {MARKER_REPLY_TOKENS} reply tokens)")
+    return value
+
+
+def cmd_probe(args) -> int:
+    from engine.adapters.openai_http import OpenAIHttp, ProbeError
+    from engine.guard.leak_probe import LeakProbe
+
+    try:
+        key = check_args(args)
+        http = OpenAIHttp(args.url, api_key=key, per_second=args.rate, timeout_s=args.timeout)
+        models = http.models()
+        if not models and not args.model:
+            raise ProbeError(f"{args.url} lists no model; pass --model NAME")
+        served = next((m for m in models if m["id"] == args.model), models[0] if models else {})
+        window = args.window if args.window is not None else served.get("max_model_len")
+        if not isinstance(window, int) or window < 1:
+            raise ProbeError(f"{args.url} does not say its context window (max_model_len); pass --window N")
+        probe = LeakProbe(http, model=args.model or served["id"], window=window,
+                          long_tokens=long_tokens_for(args, window), followups=args.followups,
+                          read_chars=args.read_chars, rng=random.SystemRandom())
+        rounds = []
+        for number in range(1, args.rounds + 1):
+            rounds.append(probe.run_round(number))
+            print(_round_line(rounds[-1]), flush=True)
+    except (ValueError, ProbeError) as exc:
+        return fail(args, exc)
+    findings = [f for r in rounds for f in r.findings]
+    placed = sum(r.marker_error is None for r in rounds)
+    if not any(r.marker_repeated for r in rounds) and placed:
+        print("warning: the model never repeated its own marker prompt's marker: a leak may not show in its text",
+              file=sys.stderr)
+    verdict = (f"LEAK: {len(findings)} finding(s)" if findings else
+               "no leak found" if placed else "no marker could be placed: nothing was probed")
+    print(f"probe {args.url} model {probe.model}: {len(rounds)} rounds, {http.sent} requests, {verdict}")
+    if args.json:
+        print(json.dumps({"url": args.url, "model": probe.model, "window": window, "long_tokens": probe.long_tokens,
+                          "requests": http.sent, "leak": bool(findings), "rounds": [r.to_dict() for r in rounds],
+                          "findings": [f.__dict__ for f in findings]}))
+    if findings:
+        return EXIT_FINDING
+    return EXIT_OK if placed else EXIT_USAGE
+
+
+def _round_line(report) -> str:
+    if report.marker_error:
+        return f"round {report.round}: marker prompt refused: {report.marker_error}"
+    head = (f"round {report.round}: marker prompt {report.marker_tokens} tokens "
+            f"({'repeated' if report.marker_repeated else 'did not repeat'} its marker); "
+            f"follow-ups: {', '.join(report.followups)}")
+    if not report.findings:
+        return head + "; no marker in any reply"
+    return head + "".join(f"\n  LEAK {f.describe()}" for f in report.findings)

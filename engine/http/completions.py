@@ -1,0 +1,206 @@
+"""The OpenAI-compatible routes: POST /v1/completions (JSON or SSE) and GET /v1/models.
+
+Each HTTP request is one engine request on the shared EngineLink. A rejection arrives
+before any byte of the answer, so even a streaming request gets a plain HTTP 400 with the
+engine's message; an error after the stream began is one `data: {"error": ...}` chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from pathlib import Path
+
+from aiohttp import web
+
+from engine.http.engine_link import EngineError, EngineLink
+from engine.http.openai_request import CompletionRequest, HttpError, parse_completion
+from engine.http.stop_filter import StopFilter
+
+MAX_BODY_BYTES = 32 << 20  # a prompt of 2 Mi token ids as JSON
+IDLE_TIMEOUT_S = 300.0  # the engine said nothing about a request for this long: 504
+MODEL_INFO_TTL_S = 2.0
+CLIENT_CODES = {"invalid_request": 400, "admission_rejected": 400, "bad_message": 400}
+BUSY_CODES = {"worker_crashed": 503, "worker_stopped": 503, "transfer_timeout": 503, "pool_exhausted": 503}
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+log = logging.getLogger(__name__)
+
+
+def engine_http_error(code: str, message: str) -> HttpError:
+    status = CLIENT_CODES.get(code) or BUSY_CODES.get(code) or 500
+    kind = "invalid_request_error" if status == 400 else "server_error"
+    return HttpError(status, message, code=code, kind=kind)
+
+
+class CompletionsApp:
+    def __init__(self, link: EngineLink, *, idle_timeout_s: float = IDLE_TIMEOUT_S):
+        self.link, self.idle_timeout_s = link, idle_timeout_s
+        self._info: tuple[float, dict] | None = None
+        self._cancels: set[asyncio.Task] = set()
+
+    def build(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors_as_json])
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        return app
+
+    # ---- /v1/models -------------------------------------------------------------------
+    async def model_info(self) -> dict:
+        """The served model's name and context window (from the engine's status, cached briefly)."""
+        now = time.monotonic()
+        if self._info is None or now - self._info[0] > MODEL_INFO_TTL_S:
+            status = await self.link.call("status")
+            engine = status["engine"]
+            self._info = (now, {"id": Path(engine["model"]).name, "object": "model",
+                                "created": int(time.time() - engine["uptime_s"]), "owned_by": "pagewarden",
+                                "max_model_len": status["config"]["engine"]["context_window"]})
+        return self._info[1]
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [await self.model_info()]})
+
+    # ---- /v1/completions --------------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
+        req = parse_completion(body)
+        info = await self.model_info()
+        if req.model is not None and req.model != info["id"]:
+            raise HttpError(404, f"model {req.model!r} is not served here; this engine serves {info['id']!r}",
+                            param="model", code="model_not_found")
+        created = int(time.time())
+        rid = f"http-{uuid.uuid4().hex[:16]}"  # ours, so a hang-up can cancel it even before `accepted`
+        fields = {**req.submit_fields(), "request_id": rid}
+        async with contextlib.aclosing(self.link.stream(fields, self.idle_timeout_s)) as events:
+            try:
+                first = await anext(events)
+                if first.op == "error":
+                    error = first.get("error") or {}
+                    raise engine_http_error(str(error.get("code", "error")), str(error.get("message", "")))
+                head = {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": info["id"]}
+                if req.stream:
+                    return await self._stream(request, req, events, rid, head)
+                return await self._whole(req, events, rid, head)
+            except (asyncio.CancelledError, ConnectionResetError):
+                self._cancel_later(rid)  # the client went away: stop generating for nobody
+                raise
+
+    async def _run(self, req: CompletionRequest, events, rid: str, emit) -> tuple[str, dict]:
+        """Feed token text through the stop filter to `emit`; returns (finish_reason, usage).
+        A stop sequence cancels the engine request; its `done` still brings the counts."""
+        stops = StopFilter(req.stop)
+        sent = ""
+        async for msg in events:
+            if msg.op == "token" and msg.get("text") and not stops.stopped:
+                sent += msg.get("text")
+                await emit(stops.feed(msg.get("text")))
+                if stops.stopped:
+                    await self._cancel(rid)
+            elif msg.op == "error":
+                error = msg.get("error") or {}
+                raise engine_http_error(str(error.get("code", "error")), str(error.get("message", "")))
+            elif msg.op == "done":
+                if stops.stopped:
+                    return "stop", _usage(msg)
+                if msg.get("error"):
+                    raise engine_http_error(msg.get("error")["code"], msg.get("error")["message"])
+                text = msg.get("text") or ""
+                rest = text[len(sent):] if text.startswith(sent) else ""  # held back at the end
+                await emit(stops.feed(rest))
+                await emit(stops.flush())
+                reason = "stop" if stops.stopped else FINISH.get(msg.get("finish_reason"), msg.get("finish_reason"))
+                return reason, _usage(msg)
+        raise HttpError(502, f"the engine ended request {rid} without an answer", code="engine_error",
+                        kind="server_error")
+
+    async def _whole(self, req, events, rid: str, head: dict) -> web.Response:
+        parts: list[str] = []
+
+        async def emit(text: str) -> None:
+            parts.append(text)
+
+        reason, usage = await self._run(req, events, rid, emit)
+        choice = {"index": 0, "text": "".join(parts), "logprobs": None, "finish_reason": reason}
+        return web.json_response({**head, "choices": [choice], "usage": usage})
+
+    async def _stream(self, request: web.Request, req, events, rid: str, head: dict) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+
+        async def chunk(text: str, reason: str | None = None) -> None:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            await _sse(response, {**head, "choices": [choice]})
+
+        async def emit(text: str) -> None:
+            if text:
+                await chunk(text)
+
+        try:
+            reason, usage = await self._run(req, events, rid, emit)
+        except (HttpError, TimeoutError) as exc:  # the status line is sent: the error is a chunk
+            error = exc if isinstance(exc, HttpError) else HttpError(504, str(exc), code="timeout", kind="server_error")
+            await _sse(response, error.body())
+        except ConnectionResetError:
+            raise  # the client left: completions() cancels the engine request
+        except Exception as exc:  # a bug of ours
+            log.exception("streamed completion %s failed", rid)
+            await _sse(response, HttpError(500, f"internal error: {type(exc).__name__}: {exc}",
+                                           code="internal_error", kind="server_error").body())
+        else:
+            await chunk("", reason)
+            if req.include_usage:
+                await _sse(response, {**head, "choices": [], "usage": usage})
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    # ---- cancelling -------------------------------------------------------------------
+    async def _cancel(self, rid: str) -> None:
+        with contextlib.suppress(EngineError, TimeoutError):
+            await self.link.call("cancel", request_id=rid)
+
+    def _cancel_later(self, rid: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._cancel(rid))
+        self._cancels.add(task)  # keep a reference until it ran
+        task.add_done_callback(self._cancels.discard)
+
+
+def _usage(done) -> dict:
+    prompt, completion = int(done.get("prompt_len") or 0), len(done.get("token_ids") or [])
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _sse(response: web.StreamResponse, payload: dict) -> None:
+    await response.write(f"data: {json.dumps(payload)}\n\n".encode())
+
+
+@web.middleware
+async def _errors_as_json(request: web.Request, handler):
+    """Every failure is an OpenAI error object: ours, the engine's, aiohttp's own (404, 413)."""
+    try:
+        return await handler(request)
+    except HttpError as exc:
+        return web.json_response(exc.body(), status=exc.status)
+    except TimeoutError as exc:
+        return web.json_response(HttpError(504, str(exc), code="timeout", kind="server_error").body(), status=504)
+    except EngineError as exc:
+        error = engine_http_error(exc.code, str(exc))
+        return web.json_response(error.body(), status=error.status)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = "invalid_request_error" if exc.status < 500 else "server_error"
+        body = HttpError(exc.status, f"{request.method} {request.path}: {exc.reason}", code=str(exc.status),
+                         kind=kind).body()
+        return web.json_response(body, status=exc.status)
+    except Exception as exc:  # a bug of ours: the traceback to the log, an error object to the client
+        log.exception("HTTP %s %s failed", request.method, request.path)
+        body = HttpError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error",
+                         kind="server_error").body()
+        return web.json_response(body, status=500)

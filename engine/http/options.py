@@ -1,0 +1,64 @@
+"""`serve`'s HTTP flags and the rule that HTTP stays on loopback unless asked otherwise.
+
+HTTP here has no CURVE: no encryption and no client authentication. A non-loopback
+--http-host is refused unless --http-allow-remote says the operator put it behind
+something that provides both.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+MAX_PORT = 65535
+
+
+def add_http_args(parser) -> None:
+    parser.add_argument("--http-port", type=int, metavar="N",
+                        help="also serve the OpenAI-compatible API (/v1/completions, /v1/models) on port N "
+                        "(0: any free port; the --json ready line gains 'http' with the URL)")
+    parser.add_argument("--http-host", default="127.0.0.1",
+                        help="address for --http-port (default 127.0.0.1). HTTP has no CURVE: no encryption, "
+                        "no client authentication; a non-loopback host is refused without --http-allow-remote")
+    parser.add_argument("--http-allow-remote", action="store_true",
+                        help="allow a non-loopback --http-host although HTTP has no CURVE (put TLS and "
+                        "authentication in front of it)")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve anywhere
+
+
+def check_http_args(args) -> None:
+    """Raises ValueError naming the value and the limit for a bad port or a refused host."""
+    if args.http_port is None:
+        return
+    if not 0 <= args.http_port <= MAX_PORT:
+        raise ValueError(f"--http-port {args.http_port} is outside 0..{MAX_PORT} (0 picks a free port)")
+    if not is_loopback(args.http_host) and not args.http_allow_remote:
+        raise ValueError(f"--http-host {args.http_host} is not a loopback address and HTTP has no CURVE "
+                         "(no encryption, no client authentication); pass --http-allow-remote to serve it anyway")
+
+
+def start_http(args, control_endpoint: str):
+    """The running HttpFrontend for `serve`'s flags, or None without --http-port. With
+    --curve the frontend is a CURVE client with DIR/clients/client.key_secret.
+    Raises OSError (port taken) or ValueError (keys)."""
+    if args.http_port is None:
+        return None
+    from engine.http.frontend import HttpFrontend
+
+    curve = None
+    if getattr(args, "curve", False):
+        from pathlib import Path
+
+        from engine.server.auth import load_client_keys, load_public_key
+
+        curve = (load_public_key(Path(args.keys) / "server.key"), *load_client_keys(args.keys))
+    frontend = HttpFrontend(control_endpoint, args.http_host, args.http_port, curve=curve)
+    frontend.start()
+    return frontend

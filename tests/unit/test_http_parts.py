@@ -1,0 +1,71 @@
+"""The HTTP frontend's and the probe's pure parts: request checks, stop sequences over
+streamed text, the loopback rule, probe prompts of exact length, marker fragments."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.guard.canaries import PROMPT_FORM
+from engine.guard.leak_probe import LeakProbe, filler, leaked_fragment, new_marker
+from engine.http.openai_request import HttpError, parse_completion
+from engine.http.options import is_loopback
+from engine.http.stop_filter import StopFilter
+
+
+def test_parse_completion_maps_openai_fields_to_submit_fields():
+    req = parse_completion({"model": "m", "prompt": "hi", "max_tokens": 7, "temperature": 0, "top_p": 0.5,
+                            "stop": "\n", "user": "acme", "seed": 3, "n": 1, "logprobs": None})
+    assert req.stop == ("\n",)
+    assert req.submit_fields() == {"max_new_tokens": 7, "temperature": 0.0, "top_p": 0.5, "ignore_eos": False,
+                                   "stream": True, "tenant": "acme", "seed": 3, "prompt": "hi"}
+    assert parse_completion({"prompt": [[256, 72]]}).prompt_ids == [256, 72]  # a batch of one
+
+
+def test_parse_completion_errors_name_field_value_and_limit():
+    with pytest.raises(HttpError) as err:
+        parse_completion({"prompt": "hi", "max_tokens": 1 << 30})
+    assert err.value.status == 400 and err.value.param == "max_tokens"
+    assert "1073741824" in str(err.value) and "2,097,152" in str(err.value)
+    with pytest.raises(HttpError, match="lone surrogate") as err:
+        parse_completion({"prompt": "a\ud800"})
+    assert err.value.param == "prompt"
+    with pytest.raises(HttpError, match="True is invalid"):
+        parse_completion({"prompt": "hi", "max_tokens": True})
+
+
+@pytest.mark.parametrize("pieces", [["ab", "cSTO", "Pxyz"], ["abcST", "OP"], ["abc", "STOP"], ["abcSTOP!"]])
+def test_stop_filter_never_lets_a_stop_sequence_through(pieces):
+    stops = StopFilter(("STOP",))
+    sent = "".join(stops.feed(p) for p in pieces) + stops.flush()
+    assert sent == "abc" and stops.stopped
+
+
+def test_stop_filter_releases_a_false_start_at_the_end():
+    stops = StopFilter(("STOP", "\n\n"))
+    assert stops.feed("abST") == "ab" and stops.feed("x\n") == "STx" and stops.flush() == "\n"
+    assert not stops.stopped
+
+
+def test_loopback_rule():
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("[::1]") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.5") and not is_loopback("gpu-box")
+
+
+def test_probe_prompts_have_exact_lengths():
+    rng = random.Random(5)
+    probe = LeakProbe(None, model="m", window=512, long_tokens=448, followups=2, read_chars=64, rng=rng)
+    marker = new_marker(rng)
+    prompt = probe.marker_prompt(marker)
+    assert 1 + len(prompt.encode()) == 448 and prompt.startswith(marker) and prompt.endswith(PROMPT_FORM[-10:])
+    followup = probe.followup_prompt(len(prompt))
+    assert len(followup) == len(prompt) and marker not in followup
+    assert len(filler(rng, 37, lead="x")) == 37
+
+
+def test_leaked_fragment_needs_twelve_characters():
+    marker = "q7lx2m9vd0ka4tz83nbwe1ry"
+    assert leaked_fragment(marker, "noise " + marker[3:15] + " noise") == marker[3:15]
+    assert leaked_fragment(marker, "noise " + marker[3:14] + " noise") is None
+    assert leaked_fragment(marker, "\n" + marker + " river") == marker
