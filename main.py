@@ -13,6 +13,13 @@ from engine.commands import keys, kv_events, local, probe, remote, reproduce, se
 
 def add_gui_args(parser) -> None:
     parser.add_argument("--attach", metavar="ADDR", help="attach to a running engine instead of hosting one")
+    parser.add_argument("--attach-kv-events", nargs="+", metavar="ADDR",
+                        help="watch vLLM / SGLang KV-event streams (--kv-events-config publisher zmq), one ADDR "
+                        "per data-parallel rank, instead of hosting or attaching to an engine")
+    parser.add_argument("--replay", nargs="+", metavar="ADDR",
+                        help="with --attach-kv-events: each ADDR's replay endpoint, same order ('-' for none)")
+    parser.add_argument("--dialect", choices=["auto", "vllm", "sglang"],
+                        help="with --attach-kv-events: the wire dialect (default auto: every known variant)")
     parser.add_argument("--server-key", help="the engine's public key file (CURVE)")
     parser.add_argument("--client-keys", help="this client's key file or directory (CURVE)")
     parser.add_argument("--readonly", action="store_true", help="show only: every control action disabled")
@@ -38,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     gui = sub.add_parser("gui", help="the desktop app (the default): host an engine or attach to one",
-                         description="Open the PageWarden window. Without --attach it hosts a local engine.")
+                         description="Open the PageWarden window. Without --attach or --attach-kv-events it hosts a "
+                         "local engine.")
     add_gui_args(gui)
     gui.set_defaults(func=cmd_gui)
     local.register(sub)

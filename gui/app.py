@@ -8,6 +8,7 @@ from pathlib import Path
 from PySide6.QtCore import QCoreApplication, QTimer
 from PySide6.QtWidgets import QApplication, QMessageBox
 
+from engine.client.kv_events import KvAttach, KvEventError, check_kv_attach
 from gui.hosting import HostedEngine
 from gui.main_window import MainWindow
 from gui.transport import TransportThread
@@ -24,6 +25,23 @@ def load_keys(server_key: str | None, client_keys: str | None):
     return load_public_key(server_key), load_client_keys(client_keys)
 
 
+def kv_attach_from_args(args) -> KvAttach | None:
+    """--attach-kv-events ADDR... [--replay ADDR...] [--dialect D] as a KvAttach, or None when
+    not given. Raises ValueError (KvEventError) naming the flag or address that is wrong."""
+    endpoints = getattr(args, "attach_kv_events", None)
+    replay, dialect = getattr(args, "replay", None), getattr(args, "dialect", None)
+    if not endpoints:
+        if replay or dialect:
+            raise ValueError("--replay and --dialect go with --attach-kv-events ADDR [ADDR ...]")
+        return None
+    if getattr(args, "attach", None):
+        raise ValueError("--attach (a PageWarden engine) and --attach-kv-events (vLLM / SGLang) exclude each other; "
+                         "give one")
+    if getattr(args, "demo_load", False):
+        raise ValueError("--demo-load needs a PageWarden engine; it does not go with --attach-kv-events")
+    return check_kv_attach(endpoints, replay or (), dialect)
+
+
 class App:
     """Owns the window, the hosted engine (if any) and the switch between engines."""
 
@@ -31,11 +49,16 @@ class App:
         self.args = args
         self.window = MainWindow(readonly=args.readonly, theme=args.theme)
         self.window.attach_requested.connect(self.attach_from_dialog)
+        self.window.kv_attach_requested.connect(self.attach_kv_events_from_dialog)
         self.hosted: HostedEngine | None = None
         self.window.destroyed.connect(self.stop_hosted)
 
     def start(self) -> None:
         args = self.args
+        kv_attach = kv_attach_from_args(args)
+        if kv_attach is not None:
+            self.window.attach_kv_events(kv_attach)
+            return
         if args.attach:
             self.attach(args.attach, *load_keys(args.server_key, args.client_keys))
         else:
@@ -64,6 +87,14 @@ class App:
         self.stop_hosted()
         self.window.set_readonly(bool(values.get("readonly", self.window.readonly)))
         self.attach(values["endpoint"], *keys)
+
+    def attach_kv_events_from_dialog(self, attach: KvAttach) -> None:
+        try:
+            self.window.attach_kv_events(attach)
+        except KvEventError as exc:
+            QMessageBox.warning(self.window, "Attach to vLLM / SGLang events", str(exc))
+            return
+        self.stop_hosted()
 
     def _hosted_failed(self, why: str) -> None:
         self.window.statusBar().showMessage(why)

@@ -21,6 +21,7 @@ from gui.demo_load import DemoLoad
 from gui.dialogs.about_dialog import AboutDialog
 from gui.dialogs.attach_dialog import AttachDialog
 from gui.dialogs.reconfigure_dialog import ReconfigureDialog
+from gui.kv_event_view import KvEventMixin
 from gui.model.engine_state import EngineState
 from gui.model.snapshot_state import scope_pairs
 from gui.snapshot_view import SnapshotMixin
@@ -48,8 +49,9 @@ SHORTCUTS = {
 }
 
 
-class MainWindow(SnapshotMixin, QMainWindow):
+class MainWindow(KvEventMixin, SnapshotMixin, QMainWindow):
     attach_requested = Signal(dict)  # from File -> Attach...: endpoint, key files, readonly
+    kv_attach_requested = Signal(object)  # from File -> Attach to vLLM / SGLang events...: a KvAttach
 
     def __init__(self, *, readonly: bool = False, theme: str = "system"):
         super().__init__()
@@ -76,6 +78,7 @@ class MainWindow(SnapshotMixin, QMainWindow):
         self._demo_timer.timeout.connect(self._feed_demo)
         self._build_views()
         self._build_actions()
+        self._init_kv_events()
         self.set_theme(theme)
         self.set_readonly(readonly)
         self._timer.start(REFRESH_MS)
@@ -151,13 +154,14 @@ class MainWindow(SnapshotMixin, QMainWindow):
         file = bar.addMenu("&File")
         self.attach_action = self._action(file, "&Attach to engine…", self.open_attach, "Ctrl+O")
         self.recent_menu = file.addMenu("Recent engines")
+        self.kv_attach_action = self._action(file, "Attach to &vLLM / SGLang events…", self.open_kv_attach)
         self.export_action = self._action(file, "&Export Incident Snapshot…", lambda: self.export_snapshot(),
                                           "Ctrl+E")
         self.open_snapshot_action = self._action(file, "&Open Snapshot…", lambda: self.open_snapshot(),
                                                  "Ctrl+Shift+O")
         file.addSeparator()
         self._action(file, "&Quit", self.close, "Ctrl+Q")
-        engine = bar.addMenu("&Engine")
+        engine = self.engine_menu = bar.addMenu("&Engine")
         self.demo_action = self._action(engine, "&Demo load", self.toggle_demo, "Ctrl+D", control=True,
                                         checkable=True)
         self.reconfigure_action = self._action(engine, "&Reconfigure…", self.open_reconfigure, "Ctrl+R", control=True)
@@ -174,12 +178,14 @@ class MainWindow(SnapshotMixin, QMainWindow):
                                           "Ctrl+Shift+C", control=True)
         view = bar.addMenu("&View")
         modes = QActionGroup(self)
+        self.color_mode_actions = []
         for i, (mode, text) in enumerate((("request", "Colour by &request"), ("tenant", "Colour by &tenant"),
                                           ("state", "Colour by &state")), start=1):
             action = self._action(view, text, lambda _=False, m=mode: self.page_map.set_color_mode(m), str(i),
                                   checkable=True)
             action.setChecked(mode == "request")
             modes.addAction(action)
+            self.color_mode_actions.append(action)
         view.addSeparator()
         themes = QActionGroup(self)
         for mode in ("system", "dark", "light"):
@@ -199,6 +205,7 @@ class MainWindow(SnapshotMixin, QMainWindow):
     # ---- connecting -------------------------------------------------------------------
     def attach(self, transport, endpoint: str, *, hosted: bool = False) -> None:
         """Start showing the engine behind `transport` (a TransportThread, not yet started)."""
+        self.leave_kv_events()
         if self.transport is not None:
             self.transport.stop()
         self.state = self.state if self.transport is None and self.snapshot is None else self._fresh_state()
@@ -270,6 +277,10 @@ class MainWindow(SnapshotMixin, QMainWindow):
     # ---- the 10 Hz repaint ------------------------------------------------------------
     def refresh(self) -> None:
         changed, self._changed = self._changed, set()
+        if self.kv_mode:
+            self._refresh_kv()
+            self._update_enablement()
+            return
         stale = self.snapshot is None and (self.state.is_stale() or self.connection != "connected")
         if stale != self._was_stale:
             self._was_stale = stale
@@ -359,7 +370,7 @@ class MainWindow(SnapshotMixin, QMainWindow):
             self._pending_reconfigure[ticket] = apply
 
     def toggle_demo(self, on: bool) -> None:
-        if on and not self.readonly:
+        if on and not self.readonly and not self.kv_mode:
             window = int(self.state.config.get("engine", {}).get("context_window", 2048))
             self.demo = DemoLoad(context_window=window)
             self._demo_timer.start(200)
@@ -402,6 +413,8 @@ class MainWindow(SnapshotMixin, QMainWindow):
     def set_theme(self, mode: str) -> None:
         self.theme = apply_theme(QApplication.instance(), mode)
         self.page_map.set_theme(self.theme)
+        if self.kv_view is not None:
+            self.kv_view.set_theme(self.theme)
         self.metrics.set_theme(self.theme)
 
     def set_readonly(self, readonly: bool) -> None:
@@ -422,5 +435,6 @@ class MainWindow(SnapshotMixin, QMainWindow):
         self._demo_timer.stop()
         if self.transport is not None:
             self.transport.stop()
+        self.leave_kv_events()
         super().closeEvent(event)
 

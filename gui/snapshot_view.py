@@ -73,6 +73,7 @@ class SnapshotMixin:
             return False
         state, problems = state_from_snapshot(opened)
         opened.warnings.extend(problems)
+        self.leave_kv_events()
         if self.transport is not None:
             self.transport.stop()
             self.transport = None

@@ -15,9 +15,10 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from engine.client.prompt_form import PROMPT_FORM
+
 TENANT = "canary"
 ALPHABET = string.ascii_lowercase + string.digits
-PROMPT_FORM = "{text}\n\nRepeat the text above exactly:\n"  # the form of issue 7's trained model
 KEEP = 256  # canaries remembered for the detectors
 MAX_LIVE = 2  # scheduled canaries wait while this many are still running: probes, not load
 LIVE_TIMEOUT_S = 600.0  # a canary running this long no longer holds the schedule back

@@ -1,0 +1,122 @@
+"""KvEventMixin: the main window's KV-event mode, attached to vLLM / SGLang KV-event streams
+instead of a PageWarden engine.
+
+A QTimer polls the watcher on the GUI thread with timeout 0 (a zmq.Poller, so ZeroMQ's
+edge-triggered FD never matters) and the window's 10 Hz refresh rebuilds the Qt-free
+KvEventMap when a batch arrived. The engine's own views (workers, requests, alerts,
+metrics) and every action only our engine supports are hidden while the mode lasts;
+attaching to an engine or opening a snapshot leaves it.
+
+A gap is filled by a replay inside poll(): with a replay endpoint that does not answer, the
+window waits up to the watcher's replay timeout (2 s) for it.
+"""
+
+from __future__ import annotations
+
+import zmq
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QDockWidget, QLabel
+
+from engine.client.kv_events import KvAttach, KvEventError, KvEventWatcher
+from gui.dialogs.kv_attach_dialog import KvAttachDialog
+from gui.model.kv_event_map import KvEventMap
+from gui.widgets.kv_event_map import KvEventMapWidget
+
+POLL_MS = 25
+
+
+class KvEventMixin:
+    def _init_kv_events(self) -> None:
+        self.kv_attach: KvAttach | None = None
+        self.kv_watcher: KvEventWatcher | None = None
+        self.kv_map: KvEventMap | None = None
+        self.kv_view: KvEventMapWidget | None = None  # built on the first attach
+        self._kv_hidden_docks: list[QDockWidget] = []
+        self._kv_timer = QTimer(self)
+        self._kv_timer.timeout.connect(self.poll_kv_events)
+        self.kv_status = QLabel()
+        self.kv_status.hide()
+        self.statusBar().addPermanentWidget(self.kv_status, 1)
+
+    @property
+    def kv_mode(self) -> bool:
+        return self.kv_watcher is not None
+
+    def open_kv_attach(self) -> None:
+        """File → Attach to vLLM / SGLang events…: the dialog, then kv_attach_requested."""
+        dialog = KvAttachDialog(self)
+        if dialog.exec():
+            self.kv_attach_requested.emit(dialog.values())
+
+    def attach_kv_events(self, attach: KvAttach) -> None:
+        """Watch `attach`'s endpoints in place of any engine or snapshot. Raises KvEventError
+        (naming the address) when the watcher cannot be made; nothing changes then."""
+        try:
+            watcher = attach.watcher()
+        except zmq.ZMQError as exc:
+            raise KvEventError(f"cannot connect to {', '.join(attach.endpoints)}: {exc}") from exc
+        self.leave_kv_events()
+        if self.transport is not None:
+            self.transport.stop()
+            self.transport = None
+        self._leave_snapshot()
+        self.toggle_demo(False)
+        self.state = self._fresh_state()
+        self.connection = "kv-events"
+        self.kv_attach, self.kv_watcher, self.kv_map = attach, watcher, KvEventMap()
+        if self.kv_view is None:
+            self.kv_view = KvEventMapWidget(self.kv_map, theme_name=self.theme)
+            self.centralWidget().layout().addWidget(self.kv_view, 1)
+        else:
+            self.kv_view.state = self.kv_map
+        self._show_kv_mode(True)
+        self.poll_kv_events()  # whatever is already queued, at once
+        self._kv_timer.start(POLL_MS)
+        self.refresh()
+
+    def leave_kv_events(self) -> None:
+        """Stop watching and bring the engine's views back (no-op outside KV-event mode)."""
+        if self.kv_watcher is None:
+            return
+        self._kv_timer.stop()
+        self.kv_watcher.close()
+        self.kv_watcher = None
+        self.connection = "disconnected"
+        self._show_kv_mode(False)
+        self.status_line.set_endpoint("")
+        self.status_line.set_connection("disconnected")
+
+    def poll_kv_events(self) -> None:
+        if self.kv_watcher is None:
+            return
+        try:
+            self.kv_watcher.poll(0)
+        except zmq.ZMQError as exc:  # a socket error must not end the session
+            self.statusBar().showMessage(f"KV events: {exc}", 10_000)
+
+    def _refresh_kv(self) -> None:
+        state, endpoints = self.kv_watcher.state, list(self.kv_attach.endpoints)
+        if self.kv_map.update(state):
+            self.kv_view.refresh()
+        self.kv_status.setText(self.kv_map.status_text(state, endpoints))
+        self.kv_status.setToolTip(self.kv_map.health_details(state, endpoints))
+
+    def _show_kv_mode(self, on: bool) -> None:
+        self.page_map.setVisible(not on)
+        if on:
+            self.banner.hide()
+            self._kv_hidden_docks = [d for d in self.findChildren(QDockWidget) if not d.isHidden()]
+        for dock in self._kv_hidden_docks:
+            dock.setVisible(not on)
+        self.kv_view.setVisible(on)
+        self.engine_menu.menuAction().setVisible(not on)
+        engine_only = [a for a in self.actions() if a.property("control")]
+        for action in (*engine_only, self.export_action, *self.color_mode_actions):
+            action.setVisible(not on)
+        self.status_line.setVisible(not on)
+        self.kv_status.setVisible(on)
+        self._update_enablement()
+        if on:
+            self.setWindowTitle("PageWarden — vLLM / SGLang KV events (watch only)")
+        else:
+            self.set_readonly(self.readonly)
