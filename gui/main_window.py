@@ -24,6 +24,7 @@ from gui.dialogs.reconfigure_dialog import ReconfigureDialog
 from gui.kv_event_view import KvEventMixin
 from gui.model.engine_state import EngineState
 from gui.model.snapshot_state import scope_pairs
+from gui.probe_view import ProbeMixin
 from gui.snapshot_view import SnapshotMixin
 from gui.theme import apply_theme
 from gui.widgets.alert_detail import AlertDetail
@@ -49,7 +50,7 @@ SHORTCUTS = {
 }
 
 
-class MainWindow(KvEventMixin, SnapshotMixin, QMainWindow):
+class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
     attach_requested = Signal(dict)  # from File -> Attach...: endpoint, key files, readonly
     kv_attach_requested = Signal(object)  # from File -> Attach to vLLM / SGLang events...: a KvAttach
 
@@ -79,6 +80,7 @@ class MainWindow(KvEventMixin, SnapshotMixin, QMainWindow):
         self._build_views()
         self._build_actions()
         self._init_kv_events()
+        self._init_probe()
         self.set_theme(theme)
         self.set_readonly(readonly)
         self._timer.start(REFRESH_MS)
@@ -193,6 +195,7 @@ class MainWindow(KvEventMixin, SnapshotMixin, QMainWindow):
                                   checkable=True)
             themes.addAction(action)
             action.setChecked(mode == "system")
+        self._build_probe_menu(bar)
         help_menu = bar.addMenu("&Help")
         self._action(help_menu, "&About PageWarden", self.show_about, "F1")
         toolbar = QToolBar("Main")
@@ -276,6 +279,7 @@ class MainWindow(KvEventMixin, SnapshotMixin, QMainWindow):
 
     # ---- the 10 Hz repaint ------------------------------------------------------------
     def refresh(self) -> None:
+        self._refresh_probe()
         changed, self._changed = self._changed, set()
         if self.kv_mode:
             self._refresh_kv()
@@ -353,7 +357,9 @@ class MainWindow(KvEventMixin, SnapshotMixin, QMainWindow):
         self._changed.add("pages")
 
     def acknowledge_alerts(self, ids: list) -> None:
-        self.request("ack_alert", ids=list(ids))
+        ids = self.acknowledge_probe_alerts(list(ids))
+        if ids:
+            self.request("ack_alert", ids=ids)
 
     def open_reconfigure(self) -> None:
         if self.readonly or self.transport is None:
@@ -433,6 +439,7 @@ class MainWindow(KvEventMixin, SnapshotMixin, QMainWindow):
     def closeEvent(self, event) -> None:
         self._timer.stop()
         self._demo_timer.stop()
+        self.stop_probe()
         if self.transport is not None:
             self.transport.stop()
         self.leave_kv_events()
