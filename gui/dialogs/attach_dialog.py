@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 
 from PySide6.QtCore import QSettings
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout,
-                               QHBoxLayout, QLabel, QLineEdit, QPushButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QFileDialog, QFormLayout,
+                               QHBoxLayout, QLabel, QLineEdit, QPushButton, QWidget)
 
-from gui import theme
+from gui.dialogs.checked_form import lay_out, show_problem
 
 RECENT_KEY = "recent_engines"  # shared with the main window's File > Recent engines
 MAX_RECENT = 10
@@ -91,18 +91,8 @@ class AttachDialog(QDialog):
         form.addRow("Server public key", _path_row(self.server_key, server_browse))
         form.addRow("Client key", _path_row(self.client_keys, client_file, client_dir))
         form.addRow("", self.readonly)
-        note = QLabel("Remote engines need CURVE: the server's public key and a client key it admits "
-                      "(python main.py keys).")
-        note.setWordWrap(True)
-        note.setStyleSheet(f"color: {theme.color('muted').name()};")
-        self.buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
-        self.buttons.button(QDialogButtonBox.Ok).setText("Attach")
-        self.buttons.accepted.connect(self.accept)
-        self.buttons.rejected.connect(self.reject)
-        layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addWidget(note)
-        layout.addWidget(self.buttons)
+        self.buttons = lay_out(self, form, "Remote engines need CURVE: the server's public key and a client key it admits "
+                      "(python main.py keys).", 'Attach')
         self.address.editTextChanged.connect(self._check)
         self.server_key.textChanged.connect(self._check)
         self.client_keys.textChanged.connect(self._check)
@@ -121,11 +111,7 @@ class AttachDialog(QDialog):
         return None
 
     def _check(self, *_) -> None:
-        problem = self.problem()
-        self.error.setText(problem or "")
-        self.error.setVisible(bool(problem))
-        self.error.setStyleSheet(f"color: {theme.color('danger').name()};")
-        self.buttons.button(QDialogButtonBox.Ok).setEnabled(problem is None)
+        show_problem(self.error, self.buttons, self.problem())
 
     def result_values(self) -> dict:
         """{"endpoint", "server_key", "client_keys", "readonly"}; key paths are None when empty."""

@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 
 from PySide6.QtCore import QSettings
-from PySide6.QtWidgets import QComboBox, QDialog, QDialogButtonBox, QFormLayout, QLabel, QLineEdit, QVBoxLayout
+from PySide6.QtWidgets import QComboBox, QDialog, QFormLayout, QLabel, QLineEdit
 
 from engine.client.kv_events import DIALECTS, KvAttach, KvEventError, check_kv_attach
-from gui import theme
+from gui.dialogs.checked_form import lay_out, show_problem
 
 LAST_KEY = "kv_events/last"  # [endpoints, replay, dialect] as typed
 
@@ -45,20 +45,10 @@ class KvAttachDialog(QDialog):
         form.addRow("Replay endpoints", self.replay)
         form.addRow("Dialect", self.dialect)
         form.addRow(self.error)
-        note = QLabel("Start vLLM with --kv-events-config '{\"enable_kv_cache_events\": true, \"publisher\": "
+        self.buttons = lay_out(self, form, "Start vLLM with --kv-events-config '{\"enable_kv_cache_events\": true, \"publisher\": "
                       "\"zmq\", \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5560\"}' (SGLang "
                       "takes the same publisher, endpoint and replay_endpoint keys) and connect to its host; "
-                      "data-parallel rank N publishes on the port + N. Dialect auto reads every known variant.")
-        note.setWordWrap(True)
-        note.setStyleSheet(f"color: {theme.color('muted').name()};")
-        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Attach")
-        self.buttons.accepted.connect(self.accept)
-        self.buttons.rejected.connect(self.reject)
-        layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addWidget(note)
-        layout.addWidget(self.buttons)
+                      "data-parallel rank N publishes on the port + N. Dialect auto reads every known variant.", 'Attach')
         for edit in (self.endpoints, self.replay):
             edit.textChanged.connect(self._check)
         self.dialect.currentTextChanged.connect(self._check)
@@ -78,11 +68,7 @@ class KvAttachDialog(QDialog):
         return None
 
     def _check(self, *_) -> None:
-        problem = self.problem()
-        self.error.setText(problem or "")
-        self.error.setVisible(bool(problem))
-        self.error.setStyleSheet(f"color: {theme.color('danger').name()};")
-        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(problem is None)
+        show_problem(self.error, self.buttons, self.problem())
 
     def values(self) -> KvAttach:
         """What to watch; raises KvEventError while problem() is not None."""

@@ -6,11 +6,10 @@ the value that is not. The last URL and model used come back from QSettings.
 from __future__ import annotations
 
 from PySide6.QtCore import QSettings
-from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QFormLayout, QLabel, QLineEdit, QSpinBox,
-                               QVBoxLayout)
+from PySide6.QtWidgets import QCheckBox, QDialog, QFormLayout, QLabel, QLineEdit, QSpinBox
 
 from engine.client.leak_probe import is_loopback
-from gui import theme
+from gui.dialogs.checked_form import lay_out, show_problem
 from gui.model.probe_schedule import DEFAULT_URL, MAX_EVERY_MINUTES, MAX_ROUNDS, ProbeRequest, check_probe_request
 
 LAST_KEY = "probe/last"  # [url, model] as accepted
@@ -44,20 +43,10 @@ class ProbeDialog(QDialog):
         form.addRow("Every", self.every)
         form.addRow("", self.allow_remote)
         form.addRow(self.error)
-        note = QLabel("Each round sends a marker prompt, then 3 prompts of the same length asking for one token "
+        self.buttons = lay_out(self, form, "Each round sends a marker prompt, then 3 prompts of the same length asking for one token "
                       "past the context window. A healthy engine rejects those; a piece of the marker in a reply "
                       "is another request's data: a critical canary_marker_in_output alert. At most 2 requests "
-                      "a second; with Every set it repeats until stopped (Tools → Stop the probe).")
-        note.setWordWrap(True)
-        note.setStyleSheet(f"color: {theme.color('muted').name()};")
-        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Start probe")
-        self.buttons.accepted.connect(self.accept)
-        self.buttons.rejected.connect(self.reject)
-        layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addWidget(note)
-        layout.addWidget(self.buttons)
+                      "a second; with Every set it repeats until stopped (Tools → Stop the probe).", 'Start probe')
         for edit in (self.url, self.model):
             edit.textChanged.connect(self._check)
         for spin in (self.rounds, self.every):
@@ -79,11 +68,7 @@ class ProbeDialog(QDialog):
         return None
 
     def _check(self, *_) -> None:
-        problem = self.problem()
-        self.error.setText(problem or "")
-        self.error.setVisible(bool(problem))
-        self.error.setStyleSheet(f"color: {theme.color('danger').name()};")
-        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(problem is None)
+        show_problem(self.error, self.buttons, self.problem())
 
     def accept(self) -> None:
         if self.problem() is None:
