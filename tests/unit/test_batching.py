@@ -117,7 +117,7 @@ def test_eos_stops_unless_ignored(make_engine):
 
 
 def test_seeded_sampling_is_reproducible(make_engine):
-    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=50, top_p=0.9, seed=11)
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=50, top_p=0.9, seed=11, ignore_eos=True)
     outs = []
     for _ in range(2):
         engine = make_engine()

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.config import DEFAULT_MODEL_DIR, EngineConfig
+from engine.config import DEFAULT_MODEL_DIR, TINY_RANDOM_MODEL_DIR, EngineConfig
 from engine.errors import CheckpointError, ConfigError
 from engine.model.load import load_model
 from engine.runner import Engine
@@ -18,7 +18,7 @@ from engine.runner import Engine
 @pytest.fixture
 def model_copy(tmp_path):
     dest = tmp_path / "model"
-    shutil.copytree(DEFAULT_MODEL_DIR, dest)
+    shutil.copytree(TINY_RANDOM_MODEL_DIR, dest)  # 4 layers, grouped-query attention
     return dest
 
 
@@ -132,8 +132,6 @@ def test_sliding_window_smaller_than_the_context_window_is_refused(checkpoint_di
 def test_tiny_random_model_is_small_and_regenerates_byte_identically(tmp_path):
     import subprocess
     import sys
-
-    from engine.config import TINY_RANDOM_MODEL_DIR
 
     size = sum(p.stat().st_size for p in TINY_RANDOM_MODEL_DIR.iterdir())
     assert size < 8 * 2**20
