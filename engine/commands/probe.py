@@ -99,19 +99,14 @@ def long_tokens_for(args, window: int) -> int:
 
 def cmd_probe(args) -> int:
     from engine.adapters.openai_http import OpenAIHttp, ProbeError
-    from engine.guard.leak_probe import LeakProbe
+    from engine.guard.leak_probe import LeakProbe, served_model
 
     try:
         key = check_args(args)
         http = OpenAIHttp(args.url, api_key=key, per_second=args.rate, timeout_s=args.timeout)
-        models = http.models()
-        if not models and not args.model:
-            raise ProbeError(f"{args.url} lists no model; pass --model NAME")
-        served = next((m for m in models if m["id"] == args.model), models[0] if models else {})
-        window = args.window if args.window is not None else served.get("max_model_len")
-        if not isinstance(window, int) or window < 1:
-            raise ProbeError(f"{args.url} does not say its context window (max_model_len); pass --window N")
-        probe = LeakProbe(http, model=args.model or served["id"], window=window,
+        model, window = served_model(http, args.url, args.model, args.window, model_hint="pass --model NAME",
+                                     window_hint="; pass --window N")
+        probe = LeakProbe(http, model=model, window=window,
                           long_tokens=long_tokens_for(args, window), followups=args.followups,
                           read_chars=args.read_chars, rng=random.SystemRandom())
         rounds = []

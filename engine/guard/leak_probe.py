@@ -33,7 +33,7 @@ import string
 from dataclasses import asdict, dataclass, field
 from difflib import SequenceMatcher
 
-from engine.adapters.openai_http import OpenAIHttp
+from engine.adapters.openai_http import OpenAIHttp, ProbeError
 from engine.guard.canaries import PROMPT_FORM
 
 ALPHABET = string.ascii_lowercase + string.digits
@@ -131,3 +131,18 @@ class LeakProbe:
                 if piece:
                     report.findings.append(Finding(number, reply, piece, marker_round))
         return report
+
+
+def served_model(http: OpenAIHttp, url: str, model: str | None, window: int | None = None, *,
+                 model_hint: str = "give a model name", window_hint: str = "") -> tuple[str, int]:
+    """The model to ask for (`model`, else the first GET /v1/models lists) and the context
+    window (`window`, else that model's max_model_len). Raises ProbeError naming the URL,
+    ending with the caller's hint of what to pass instead."""
+    models = http.models()
+    if not models and not model:
+        raise ProbeError(f"{url} lists no model; {model_hint}")
+    served = next((m for m in models if m["id"] == model), models[0] if models else {})
+    window = window if window is not None else served.get("max_model_len")
+    if not isinstance(window, int) or window < 1:
+        raise ProbeError(f"{url} does not say its context window (max_model_len){window_hint}")
+    return model or served["id"], window
