@@ -104,20 +104,17 @@ def make_pool(setup: Setup):
     pages = max(setup.batches) * max(setup.contexts) // setup.page_size + 64
     data = torch.empty(pages, setup.num_layers, 2, setup.page_size, setup.kv_heads, setup.head_dim,
                        dtype=setup.dtype, device=setup.device).normal_()
-    writer = torch.full((pages,), -1, dtype=torch.int64, device=setup.device)
-    filled = torch.zeros(pages, dtype=torch.int32, device=setup.device)
-    return data, writer, filled
+    token_writer = torch.full((pages, setup.page_size), -1, dtype=torch.int64, device=setup.device)
+    return data, token_writer
 
 
-def make_batch(setup: Setup, data, writer, filled, batch: int, context: int):
+def make_batch(setup: Setup, data, token_writer, batch: int, context: int):
     """Block tables over randomly scattered pages, each tagged by its sequence as the writer."""
     per_seq = math.ceil(context / setup.page_size)
     pages = torch.randperm(data.shape[0], device=setup.device)[: batch * per_seq].view(batch, per_seq)
     tags = ((torch.arange(batch, device=setup.device, dtype=torch.int64) + 1) << 32)[:, None].expand(batch, per_seq)
-    writer.fill_(-1)
-    filled.zero_()
-    writer[pages] = tags
-    filled[pages] = setup.page_size
+    token_writer.fill_(-1)
+    token_writer[pages] = tags[:, :, None]  # every slot of every page written by its sequence
     q = torch.randn(batch, setup.heads, setup.head_dim, dtype=setup.dtype, device=setup.device)
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device=setup.device)
     return q, pages.to(torch.int32), tags.contiguous(), seq_lens
@@ -136,14 +133,14 @@ def rel_err(actual, expected) -> float:
     return ((actual.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
 
 
-def measure_shape(setup, kernels, data, writer, filled, copy_gbps, batch, context) -> Row:
+def measure_shape(setup, kernels, data, token_writer, copy_gbps, batch, context) -> Row:
     triton_attention, reference_attention = kernels
     k_cache, v_cache = data[:, 0, 0], data[:, 0, 1]
-    q, table, tags, seq_lens = make_batch(setup, data, writer, filled, batch, context)
+    q, table, tags, seq_lens = make_batch(setup, data, token_writer, batch, context)
     scale = setup.head_dim ** -0.5
-    args = (q, k_cache, v_cache, table, tags, seq_lens, writer, filled)
+    args = (q, k_cache, v_cache, table, tags, seq_lens, token_writer)
     out = torch.empty_like(q)
-    violations = torch.zeros(batch, dtype=torch.int32, device=setup.device)
+    violations = torch.zeros(batch, 2, dtype=torch.int32, device=setup.device)
     k_dense = k_cache[table.long()].flatten(1, 2).transpose(1, 2).contiguous()
     v_dense = v_cache[table.long()].flatten(1, 2).transpose(1, 2).contiguous()
 
@@ -153,7 +150,7 @@ def measure_shape(setup, kernels, data, writer, filled, copy_gbps, batch, contex
 
     want, _ = reference_attention(*args, scale=scale)
     got, got_violations = run(True)
-    err, seen = rel_err(got, want), got_violations.tolist()  # both buffers are reused by run(False)
+    err, seen = rel_err(got, want), got_violations.flatten().tolist()  # both buffers are reused by run(False)
     err = max(err, rel_err(run(False)[0], want), rel_err(dense_attention(q, k_dense, v_dense, scale), want))
     if err > setup.tolerance or any(seen):
         raise SystemExit(f"batch {batch} context {context}: output differs from the torch reference "
@@ -233,9 +230,9 @@ def main(argv=None) -> int:
     torch.manual_seed(seed)
     print(f"seed {seed}")
     copy_gbps = copy_bandwidth_gbps(setup)
-    data, writer, filled = make_pool(setup)
+    data, token_writer = make_pool(setup)
     rows = [
-        measure_shape(setup, (triton_attention, reference_attention), data, writer, filled, copy_gbps, b, c)
+        measure_shape(setup, (triton_attention, reference_attention), data, token_writer, copy_gbps, b, c)
         for b in setup.batches for c in setup.contexts
     ]
     if args.smoke:

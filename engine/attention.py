@@ -54,12 +54,13 @@ class KVWriter:
         k_cache, v_cache = pool.k_cache(layer), pool.v_cache(layer)
         if self.plan is None:
             kernels.store_kv(k_cache, v_cache, k, v, self.slot_mapping, self.writer_tags, pool.writer, pool.filled,
-                             stamp=not self.stamped)
+                             pool.token_writer, stamp=not self.stamped)
             self.stamped = True
         elif self.stamped:
             kernels.store_planned(k_cache, v_cache, k, v, self.plan)
         else:
-            kernels.store_planned(k_cache, v_cache, k, v, self.plan, self.writer_tags, pool.writer, pool.filled)
+            kernels.store_planned(k_cache, v_cache, k, v, self.plan, self.writer_tags, pool.writer, pool.filled,
+                                  pool.token_writer)
             self.stamped = True
 
 
@@ -80,9 +81,10 @@ class PagedDecodeAttention:
         self, pool, kernels: KernelSet, *, block_table, expected_tags, seq_lens,
         slot_mapping, writer_tags, check_tags: bool, mask_foreign: bool = True, want_mask: bool = False,
     ):
-        """check_tags: count pages that fail I1 (the detector). mask_foreign: also keep them
-        out of attention (the defence). want_mask: keep which tokens were attended
-        (`attended`, [B, T] bool) for the provenance audit."""
+        """check_tags: count token slots that fail I1 (the detector). mask_foreign: also keep
+        them out of attention (the defence). want_mask: keep which tokens were attended
+        (`attended`, [B, T] bool) for the provenance audit. `violations` ends as [B, 2]:
+        (foreign, unwritten) slots each row needed."""
         self.pool, self.kernels = pool, kernels
         self.kv = KVWriter(pool, kernels, slot_mapping, writer_tags)
         self.block_table, self.expected_tags, self.seq_lens = block_table, expected_tags, seq_lens
@@ -91,8 +93,8 @@ class PagedDecodeAttention:
         self.want_mask = want_mask
         self.attended = None
         self._counted = None
-        self._kernel_violations = torch.zeros(len(seq_lens), dtype=torch.int32, device=pool.device)
-        self.violations = torch.zeros(len(seq_lens), dtype=torch.int32, device=pool.device)
+        self._kernel_violations = torch.zeros(len(seq_lens), 2, dtype=torch.int32, device=pool.device)
+        self.violations = torch.zeros(len(seq_lens), 2, dtype=torch.int32, device=pool.device)
         self.out: torch.Tensor | None = None
         self.plan = None
 
@@ -105,7 +107,7 @@ class PagedDecodeAttention:
         if kernels.plan_decode is not None:
             if self.plan is None:  # after the first layer's store: tags and fills are final
                 self.plan = kernels.plan_decode(
-                    self.block_table, self.expected_tags, self.seq_lens, pool.writer, pool.filled,
+                    self.block_table, self.expected_tags, self.seq_lens, pool.token_writer,
                     pool.page_size, self.check_tags, self.mask_foreign,
                 )
                 self.violations = self.plan.violations
@@ -116,7 +118,7 @@ class PagedDecodeAttention:
             # the kernel either masks and counts or does neither: count (and see) separately
             from kernels.paged_attention_ref import plan_decode
 
-            plan = plan_decode(self.block_table, self.expected_tags, self.seq_lens, pool.writer, pool.filled,
+            plan = plan_decode(self.block_table, self.expected_tags, self.seq_lens, pool.token_writer,
                                pool.page_size, self.check_tags, self.mask_foreign)
             self.attended = ~plan.blocked[:, :, 0, 0]
             self._counted = plan.violations
@@ -124,7 +126,7 @@ class PagedDecodeAttention:
         masking = self.check_tags and self.mask_foreign
         out, counted = kernels.paged_decode_attention(
             q, k_cache, v_cache, self.block_table, self.expected_tags, self.seq_lens,
-            pool.writer, pool.filled, scale=scale, check_tags=masking,
+            pool.token_writer, scale=scale, check_tags=masking,
             out=self.out, violations=self._kernel_violations,
         )
         self.violations = self._counted if self._counted is not None else counted

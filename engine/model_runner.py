@@ -21,9 +21,19 @@ NOT_YOURS = -2  # an expected tag no writer ever stamps: the kernel masks the pa
 @dataclass
 class DecodeResult:
     logits: torch.Tensor  # [B, V] float32
-    violations: np.ndarray  # [B] pages that failed I1 (masked unless the defence is off)
+    # [B, 2] token slots each request needed that failed I1: (foreign: another writer's,
+    # unwritten: nobody's since the last scrub); masked unless the defence is off
+    violations: np.ndarray
     not_owned: list[np.ndarray]  # per request: its table's pages the pool says are not its own
     cross_reads: list[np.ndarray]  # per request: [k, 2] (page, content slot) read from others
+
+    @property
+    def foreign(self) -> np.ndarray:
+        return self.violations[:, 0]
+
+    @property
+    def unwritten(self) -> np.ndarray:
+        return self.violations[:, 1]
 
 
 _NONE = np.empty(0, dtype=np.int32)
@@ -72,16 +82,12 @@ class ModelRunner:
         pages, expected, pages_t, expected_t = self._block_tables(requests)
         rows, columns = np.arange(n), positions // ps
         slots = pages[rows, columns].astype(np.int64) * ps + positions % ps
-        # I1 on the host: every page a request reads or writes must still be its own, in the
-        # epoch it was granted (a stale page table names pages that are not).
+        # The block-table check, on the host: every page a request reads or writes must still
+        # be its own, in the epoch it was granted (a stale page table names pages that are not).
+        # It protects the page's real owner: with the defence on, no write goes into it.
         in_use = np.arange(pages.shape[1])[None, :] <= columns[:, None]
         owned = (pool.owner[pages] == reader[:, None]) & (pool.epoch[pages] == (expected & 0xFFFFFFFF))
         foreign = in_use & ~owned
-        if not self.check_writer_tags and foreign[rows, columns].any():
-            # the defence is off, so these writes land: the pages are nobody's from now on
-            pool.taint(pages[rows, columns][foreign[rows, columns]])
-        if pool.any_tainted:  # including for their owners, whose own writes restamp the tag
-            foreign |= in_use & pool.tainted[pages]
         not_owned = [pages[b][foreign[b]] for b in range(n)] if foreign.any() else [_NONE] * n
         if foreign.any() and self.check_writer_tags:
             expected_t = self._tensor(np.where(foreign, NOT_YOURS, expected))
@@ -98,9 +104,7 @@ class ModelRunner:
             check_tags=self.detect, mask_foreign=self.check_writer_tags, want_mask=audit,
         )
         logits = self.decoder(self._tensor(tokens), self._tensor(positions), ctx)
-        violations = ctx.violations.cpu().numpy()
-        if not self.check_writer_tags and self.detect:
-            violations = violations + np.array([len(p) for p in not_owned], dtype=violations.dtype)
+        violations = ctx.violations.cpu().numpy().reshape(n, 2)
         cross = self._cross_reads(pages, reader, ctx.attended) if audit else [_NO_READS] * n
         return DecodeResult(logits, violations, not_owned, cross)
 

@@ -19,13 +19,32 @@ from engine.config import EngineConfig
 from engine.errors import ConfigError, InvalidRequest, OwnershipViolation
 from engine.kv.page_pool import PageLayout, PagePool
 from engine.kv.page_table import PageTable
-from engine.kv.page_tags import PageState, unpack_tag
+from engine.kv.page_tags import NO_WRITER, PageState, unpack_tag
 from engine.model.load import LoadedModel, load_model
 from engine.model_runner import ModelRunner
 from engine.request import Request, RequestOutput, RequestState, SamplingParams
 from engine.sampling import sample_next
 from engine.scheduler import Scheduler
 from kernels.backend import select_kernels
+
+
+@dataclass(frozen=True)
+class IsolationCounts:
+    """What I1 found for one request in one decode step (DESIGN.md, I1)."""
+
+    foreign: int  # token slots it needed that another request (or epoch) wrote
+    unwritten: int  # token slots it needed that nothing wrote since their scrub
+    stale_pages: int  # pages its block table names that the pool says are not its own
+
+    def __bool__(self) -> bool:
+        return bool(self.foreign or self.unwritten or self.stale_pages)
+
+    def describe(self) -> str:
+        parts = [f"{n} {what}" for n, what in ((self.foreign, "token slot(s) another request wrote"),
+                                               (self.unwritten, "token slot(s) nothing wrote this epoch"),
+                                               (self.stale_pages, "page(s) its block table names but it does not own"))
+                 if n]
+        return ", ".join(parts)
 
 
 @dataclass
@@ -166,19 +185,20 @@ class Engine:
             clean, clean_tokens = [], []
             prevent = self.runner.check_writer_tags and self.config.engine.ownership_policy == "abort"
             for row, (req, tok) in enumerate(zip(plan.decode, tokens)):
-                masked, foreign = int(result.violations[row]), result.not_owned[row]
+                counts = IsolationCounts(int(result.foreign[row]), int(result.unwritten[row]),
+                                         len(result.not_owned[row]))
                 position = req.num_tokens - 1
                 page = req.page_table.pages[position // self.pool.page_size]
                 if position % self.pool.page_size == 0 and self.pool.owner[page] == req.slot:
                     self.pool.set_state(req.slot, [page], PageState.WRITTEN)
                 if len(result.cross_reads[row]):
                     self._record_cross_reads(req, result.cross_reads[row])
-                if masked and prevent:
+                if counts and prevent:
                     # I1: never emit a token computed with pages this request does not own.
-                    self._fail_ownership(req, masked, outputs, foreign)
+                    self._fail_ownership(req, counts, outputs, result.not_owned[row])
                 else:
-                    if masked:  # the detector saw it; the defence is off or only reporting
-                        self._report_ownership(req, masked, foreign, prevented=False)
+                    if counts:  # the detector saw it; the defence is off or only reporting
+                        self._report_ownership(req, counts, result.not_owned[row], prevented=False)
                     clean.append(req)
                     clean_tokens.append(tok)
             self.counters.decode_tokens += len(clean)
@@ -240,49 +260,61 @@ class Engine:
                             "pool": self.pool.name, "reads": [[int(p), int(s)] for p, s in reads],
                             "time": time.time()})
 
-    def _report_ownership(self, req: Request, masked: int, foreign, *, prevented: bool) -> list[dict]:
+    def _report_ownership(self, req: Request, counts: IsolationCounts, foreign, *, prevented: bool) -> list[dict]:
         pages = self.ownership_report(req, foreign)
-        self.counters.ownership_violations += masked
+        self.counters.ownership_violations += counts.foreign + counts.unwritten + counts.stale_pages
         event = {"kind": "ownership_violation", "request": req.request_id, "slot": req.slot,
-                 "pool": self.pool.name, "pages": pages, "prevented": prevented, "time": time.time()}
+                 "pool": self.pool.name, "pages": pages, "prevented": prevented,
+                 # masked: the failing slots were kept out of attention (the defence is on)
+                 "masked": self.runner.check_writer_tags, "foreign_slots": counts.foreign,
+                 "unwritten_slots": counts.unwritten, "stale_pages": counts.stale_pages, "time": time.time()}
         self.counters.isolation_events.append(event)
         self.events.append(event)
         return pages
 
-    def _fail_ownership(self, req: Request, masked: int, outputs: list[RequestOutput], foreign=()) -> None:
-        pages = self._report_ownership(req, masked, foreign, prevented=True)
+    def _fail_ownership(self, req: Request, counts: IsolationCounts, outputs: list[RequestOutput], foreign=()) -> None:
+        pages = self._report_ownership(req, counts, foreign, prevented=True)
         own = [p["page"] for p in pages if p["owner"] == req.slot]
         if own:
             self.pool.set_state(req.slot, own, PageState.QUARANTINED)  # held as evidence, then scrubbed
         first = pages[0] if pages else {"page": "?", "writer": None, "expected": None}
         error = OwnershipViolation(
-            f"request {req.request_id} (slot {req.slot}) met {masked} page(s) it does not own "
-            f"in this epoch; first: page {first['page']} of pool {self.pool.name!r} written by "
-            f"{first['writer']}, expected {first['expected']}; the pages were masked and the "
-            f"request aborted before the token reached the client",
+            f"request {req.request_id} (slot {req.slot}) met {counts.describe()}; first: page "
+            f"{first['page']} of pool {self.pool.name!r} written by {first['writer']}, expected "
+            f"{first['expected']}; they were masked and the request aborted before the token reached "
+            f"the client",
             pages=pages,
         )
         self._finish(req, RequestState.FAILED, error.code, error)
         outputs.append(RequestOutput(req.request_id, [], True, error.code, error))
 
     def ownership_report(self, req: Request, foreign=()) -> list[dict]:
-        """The pages of `req`'s context whose writer tag or fill level fails I1, and those of
-        `foreign` (its table's pages the pool says are not its own)."""
+        """The pages of `req`'s context holding token slots it needed that fail I1 (another
+        writer's, or nobody's this epoch), and those of `foreign` (its table's pages the pool
+        says are not its own). Each names the page's writers of the failing slots."""
         table, ps = req.page_table, self.pool.page_size
         seq_len = req.num_tokens
         n = self.pool.pages_for_tokens(seq_len)
         pages = table.pages[:n]
-        writer = self.pool.writer[torch.from_numpy(pages.astype(np.int64)).to(self.pool.device)].cpu().numpy()
-        filled = self.pool.filled[torch.from_numpy(pages.astype(np.int64)).to(self.pool.device)].cpu().numpy()
+        index = torch.from_numpy(pages.astype(np.int64)).to(self.pool.device)
+        tags = self.pool.token_writer[index].cpu().numpy()
+        writer = self.pool.writer[index].cpu().numpy()
+        filled = self.pool.filled[index].cpu().numpy()
         expected = table.expected_tags()[:n]
         report = []
         foreign = set(int(p) for p in foreign)
         for j, page in enumerate(pages):
             needed = min(ps, seq_len - j * ps)
-            if writer[j] != expected[j] or filled[j] < needed or int(page) in foreign:
+            slot_tags = tags[j, :needed]
+            failing = slot_tags[slot_tags != expected[j]]
+            if len(failing) or int(page) in foreign:
+                others = [int(t) for t in np.unique(failing) if t != NO_WRITER]
                 report.append({
                     "page": int(page), "owner": int(self.pool.owner[page]), "epoch": int(self.pool.epoch[page]),
-                    "writer": unpack_tag(int(writer[j])), "expected": unpack_tag(int(expected[j])),
-                    "filled": int(filled[j]), "needed": int(needed),
+                    "writer": unpack_tag(others[0] if others else int(writer[j])),
+                    "writers": [unpack_tag(t) for t in others],
+                    "expected": unpack_tag(int(expected[j])), "filled": int(filled[j]), "needed": int(needed),
+                    "foreign_slots": int(sum(t != NO_WRITER for t in failing)),
+                    "unwritten_slots": int(sum(t == NO_WRITER for t in failing)),
                 })
         return report

@@ -1,4 +1,4 @@
-"""Write new K/V tokens into their pages and stamp each page's writer tag, in plain torch."""
+"""Write new K/V tokens into their pages and stamp each token slot's writer tag, in plain torch."""
 
 from __future__ import annotations
 
@@ -46,15 +46,18 @@ def plan_store(slot_mapping: torch.Tensor, page_size: int) -> StorePlan:
 
 
 def store_planned(k_cache, v_cache, k_new, v_new, plan: StorePlan, writer_tags=None,
-                  writer=None, filled=None) -> None:
-    """Write K/V through a plan; with writer_tags, also stamp writer and filled."""
+                  writer=None, filled=None, token_writer=None) -> None:
+    """Write K/V through a plan; with writer_tags, also stamp token_writer, writer and filled."""
     if plan.keep is not None:
         k_new, v_new = k_new[plan.keep], v_new[plan.keep]
     # index_put_ on the strided per-layer views writes through to the pool tensor
     k_cache[plan.pages, plan.offsets] = k_new.to(k_cache.dtype)
     v_cache[plan.pages, plan.offsets] = v_new.to(v_cache.dtype)
     if writer_tags is not None:
-        writer[plan.pages] = writer_tags if plan.keep is None else writer_tags[plan.keep]
+        tags = writer_tags if plan.keep is None else writer_tags[plan.keep]
+        # I1 reads this one: who wrote each token slot
+        token_writer[plan.pages, plan.offsets] = tags
+        writer[plan.pages] = tags  # the page's last writer, for telemetry and forensics
         # filled counts the token slots written this epoch (each is written once): a gap
         # leaves it short of what a reader needs, so I1 sees the gap
         filled.index_add_(0, plan.pages, torch.ones_like(plan.pages, dtype=filled.dtype))
@@ -69,13 +72,16 @@ def store_kv(
     writer_tags: torch.Tensor,
     writer: torch.Tensor,
     filled: torch.Tensor,
+    token_writer: torch.Tensor,
     stamp: bool = True,
 ) -> None:
     """Store token t's K/V at slot_mapping[t] = page * page_size + offset (negative: skip it).
 
-    With stamp (once per forward pass, not per layer): writer[page] = writer_tags[t] and
-    filled[page] += 1 for every token written into it. Raises ValueError on inconsistent shapes.
+    With stamp (once per forward pass, not per layer): token_writer[page, offset] =
+    writer[page] = writer_tags[t] and filled[page] += 1 for every token written into it.
+    Raises ValueError on inconsistent shapes.
     """
     validate_store_inputs(k_cache, v_cache, k_new, v_new, slot_mapping, writer_tags)
     plan = plan_store(slot_mapping, k_cache.shape[1])
-    store_planned(k_cache, v_cache, k_new, v_new, plan, writer_tags if stamp else None, writer, filled)
+    store_planned(k_cache, v_cache, k_new, v_new, plan, writer_tags if stamp else None, writer, filled,
+                  token_writer)

@@ -15,7 +15,7 @@ _FP_FUSION = True
 @triton.jit
 def _store_kv_kernel(
     k_cache_ptr, v_cache_ptr, k_new_ptr, v_new_ptr, slot_mapping_ptr, writer_tags_ptr,
-    writer_ptr, filled_ptr,
+    writer_ptr, filled_ptr, token_writer_ptr,
     stride_kp, stride_ks, stride_kh, stride_kd,
     stride_vp, stride_vs, stride_vh, stride_vd,
     stride_knt, stride_knh, stride_knd, stride_vnt, stride_vnh, stride_vnd,
@@ -39,7 +39,9 @@ def _store_kv_kernel(
     tl.store(k_dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
     if STAMP:
-        tl.store(writer_ptr + page, tl.load(writer_tags_ptr + t), mask=keep)
+        tag = tl.load(writer_tags_ptr + t)
+        tl.store(token_writer_ptr + slot, tag, mask=keep)  # I1 reads this one
+        tl.store(writer_ptr + page, tag, mask=keep)  # the page's last writer, for telemetry
         # filled counts the token slots written this epoch: a gap (a slot never written
         # before a later one) leaves it short of what a reader needs, so I1 sees the gap
         tl.atomic_add(filled_ptr + page, (offset * 0 + 1).to(tl.int32), mask=keep)
@@ -54,12 +56,13 @@ def store_kv(
     writer_tags: torch.Tensor,
     writer: torch.Tensor,
     filled: torch.Tensor,
+    token_writer: torch.Tensor,
     stamp: bool = True,
 ) -> None:
     """Store token t's K/V at slot_mapping[t] = page * page_size + offset (negative: skip it).
 
-    With stamp (once per forward pass): writer[page] = writer_tags[t] and filled[page] += 1
-    for every token written into it.
+    With stamp (once per forward pass): token_writer[page, offset] = writer[page] =
+    writer_tags[t] and filled[page] += 1 for every token written into it.
     Raises ValueError on inconsistent shapes.
     """
     validate_store_inputs(k_cache, v_cache, k_new, v_new, slot_mapping, writer_tags)
@@ -68,7 +71,7 @@ def store_kv(
         return
     _, page_size, num_kv_heads, head_dim = k_cache.shape
     _store_kv_kernel[(tokens,)](
-        k_cache, v_cache, k_new, v_new, slot_mapping, writer_tags, writer, filled,
+        k_cache, v_cache, k_new, v_new, slot_mapping, writer_tags, writer, filled, token_writer,
         *k_cache.stride(), *v_cache.stride(), *k_new.stride(), *v_new.stride(),
         PAGE_SIZE=page_size, NUM_KV_HEADS=num_kv_heads,
         HEADS_PAD=triton.next_power_of_2(num_kv_heads),

@@ -1,8 +1,10 @@
 """Paged decode attention in plain torch: the CPU production path and the oracle for Triton.
 
-One query token per sequence attends over its pages (GQA), with the per-page writer-tag
-check of invariant I1: a page written by someone else is masked out and counted, and a
-page is only read up to the tokens its writer actually put there (`filled`).
+One query token per sequence attends over its pages (GQA), with the per-token writer-tag
+check of invariant I1: every token slot carries the tag of the code that last wrote it, and
+a reader may attend a slot only if that tag is its own for the epoch of its grant. A slot
+written by anyone else (foreign) or by nobody since its last scrub (unwritten) is masked
+out and counted, each kind on its own.
 """
 
 from __future__ import annotations
@@ -51,22 +53,27 @@ def validate_decode_inputs(q, k_cache, v_cache, block_table, expected_tags, seq_
 class DecodePlan:
     """What one decode step's attention needs beyond K/V, computed once for all layers.
 
-    The writer tags and fill levels cannot change between the layers of one forward pass
-    (every layer's store writes the same slots with the same tag), so the torch path checks
-    I1 once per step and reuses the mask; the Triton kernel re-checks in every layer.
+    The token tags cannot change between the layers of one forward pass (every layer's
+    store writes the same slots with the same tag), so the torch path checks I1 once per
+    step and reuses the mask; the Triton kernel re-checks in every layer.
     """
 
     pages: torch.Tensor  # [B, P] int64 pool pages to gather (padding -> 0)
     blocked: torch.Tensor  # [B, P * page_size, 1, 1] bool: tokens that may not be read
     bias: torch.Tensor  # [B, 1, 1, P * page_size] float32: 0 or -inf, the same mask for SDPA
-    violations: torch.Tensor  # [B] int32
+    violations: torch.Tensor  # [B, 2] int32: (foreign, unwritten) token slots the row needed
     empty_rows: torch.Tensor | None  # [B] bool where a row has nothing to attend, else None
+    foreign: torch.Tensor | None = None  # [B, P * page_size] bool (check_tags only): foreign slots
 
 
-def plan_decode(block_table, expected_tags, seq_lens, writer, filled, page_size: int,
+NO_WRITER = -1  # the tag of a slot nothing wrote since its last scrub (engine.kv.page_tags)
+
+
+def plan_decode(block_table, expected_tags, seq_lens, token_writer, page_size: int,
                 check_tags: bool = True, mask_foreign: bool = True) -> DecodePlan:
     """Resolve pages, the I1 mask and the violation counts for one decode step.
 
+    token_writer is the pool's [num_pages, page_size] int64 writer tag of every token slot.
     mask_foreign=False counts violations without masking them (the defence off, the
     detector on). Raises ValueError when a seq_len needs more pages than block_table holds.
     """
@@ -84,23 +91,30 @@ def plan_decode(block_table, expected_tags, seq_lens, writer, filled, page_size:
     needed = (seq_lens.to(torch.int64)[:, None] - page_start[None, :]).clamp_(0, page_size)
     # padding entries may hold garbage (e.g. -1): never index the pool with them
     pages = torch.where(needed > 0, block_table.to(torch.int64), 0)
-    if check_tags:
-        # a page is read only if its writer is the reader and every slot the reader needs
-        # was written this epoch (`filled` counts written slots); otherwise it is masked whole
-        readable = torch.where(writer[pages] == expected_tags, filled[pages].to(torch.int64), 0)
-        passes = readable >= needed
-        violations = (~passes & (needed > 0)).sum(dim=1, dtype=torch.int32)
-        limit = torch.where(passes, needed, 0) if mask_foreign else needed
-    else:
-        violations = torch.zeros(batch, dtype=torch.int32, device=device)
-        limit = needed
     slot = torch.arange(page_size, device=device)
-    attend = (slot[None, None, :] < limit[:, :, None]).reshape(batch, -1)
+    in_seq = slot[None, None, :] < needed[:, :, None]  # [B, P, page_size]
+    foreign = None
+    if check_tags:
+        # I1, token by token: a slot is readable only if the reader itself wrote it in the
+        # epoch of its grant; anything else was written by another request (or another
+        # epoch), or by nobody since its scrub
+        tags = token_writer[pages]
+        mine = tags == expected_tags[:, :, None]
+        unwritten = in_seq & ~mine & (tags == NO_WRITER)
+        foreign = in_seq & ~mine & ~unwritten
+        violations = torch.stack([foreign.sum(dim=(1, 2), dtype=torch.int32),
+                                  unwritten.sum(dim=(1, 2), dtype=torch.int32)], dim=1)
+        attend = (in_seq & mine) if mask_foreign else in_seq
+        foreign = foreign.reshape(batch, -1)
+    else:
+        violations = torch.zeros(batch, 2, dtype=torch.int32, device=device)
+        attend = in_seq
+    attend = attend.reshape(batch, -1)
     bias = torch.zeros(attend.shape, dtype=torch.float32, device=device)
     bias.masked_fill_(~attend, float("-inf"))
     empty = ~attend.any(dim=1)
     return DecodePlan(pages, (~attend)[:, :, None, None], bias[:, None, None, :], violations,
-                      empty if bool(empty.any()) else None)
+                      empty if bool(empty.any()) else None, foreign)
 
 
 def attend_planned(q, k_cache, v_cache, plan: DecodePlan, *, scale: float,
@@ -146,8 +160,7 @@ def paged_decode_attention(
     block_table: torch.Tensor,
     expected_tags: torch.Tensor,
     seq_lens: torch.Tensor,
-    writer: torch.Tensor,
-    filled: torch.Tensor,
+    token_writer: torch.Tensor,
     *,
     scale: float,
     check_tags: bool = True,
@@ -155,18 +168,22 @@ def paged_decode_attention(
     violations: torch.Tensor | None = None,
     partition_size: int = 512,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attend one query token per sequence over its KV pages; return (out [B, H, D], violations [B]).
+    """Attend one query token per sequence over its KV pages; return (out [B, H, D], violations [B, 2]).
 
     Token t of sequence b is read from page block_table[b, t // page_size], slot
-    t % page_size. With check_tags, pages whose writer tag differs from expected_tags are
-    masked and only the first filled[page] tokens of a page are read; violations[b] counts
-    the pages of b that were masked or under-filled. Rows with nothing to attend are zero.
+    t % page_size. With check_tags, a token slot is read only when its writer tag
+    (token_writer[page, slot]) equals expected_tags[b, page column]; violations[b] is
+    (foreign, unwritten): the slots b needed that another writer or nobody wrote, all
+    masked. Rows with nothing to attend are zero.
     partition_size is accepted for signature parity with the Triton kernel and ignored.
     Raises ValueError on inconsistent shapes or when a seq_len needs more pages than
     block_table holds.
     """
     validate_decode_inputs(q, k_cache, v_cache, block_table, expected_tags, seq_lens)
-    plan = plan_decode(block_table, expected_tags, seq_lens, writer, filled, k_cache.shape[1], check_tags)
+    if token_writer.shape != k_cache.shape[:2]:
+        raise ValueError(f"token_writer must be [num_pages, page_size] = {tuple(k_cache.shape[:2])}, "
+                         f"got {tuple(token_writer.shape)}")
+    plan = plan_decode(block_table, expected_tags, seq_lens, token_writer, k_cache.shape[1], check_tags)
     out = attend_planned(q, k_cache, v_cache, plan, scale=scale, out=out)
     if violations is None:
         return out, plan.violations

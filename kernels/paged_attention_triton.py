@@ -1,4 +1,4 @@
-"""Paged decode attention in Triton: split-K ("flash decoding") with the I1 writer-tag check.
+"""Paged decode attention in Triton: split-K ("flash decoding") with the I1 token-tag check.
 
 Phase 1, grid (batch, kv_heads, partitions): each program walks its partition of the
 sequence in blocks of BLOCK_N tokens gathered across pages, for all G query heads of its
@@ -25,7 +25,7 @@ _FP_FUSION = True
 
 @triton.jit
 def _decode_partition_kernel(
-    q_ptr, k_ptr, v_ptr, block_table_ptr, expected_ptr, seq_lens_ptr, writer_ptr, filled_ptr,
+    q_ptr, k_ptr, v_ptr, block_table_ptr, expected_ptr, seq_lens_ptr, token_writer_ptr,
     m_ptr, l_ptr, acc_ptr, violations_ptr,
     qk_scale, num_pool_pages, table_width, num_parts,
     stride_qb, stride_qh, stride_qd,
@@ -55,7 +55,8 @@ def _decode_partition_kernel(
     m_i = tl.full([GROUP_PAD], _NEG_BIG, tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)
-    bad_pages = tl.zeros([BLOCK_N], tl.int32)
+    n_foreign = tl.zeros([BLOCK_N], tl.int32)
+    n_unwritten = tl.zeros([BLOCK_N], tl.int32)
 
     for block_start in range(start, end, BLOCK_N):
         t = block_start + tl.arange(0, BLOCK_N)
@@ -68,18 +69,16 @@ def _decode_partition_kernel(
         # a corrupt table entry must not turn into a read of arbitrary memory
         ok = in_seq & (page >= 0) & (page < num_pool_pages)
         if CHECK_TAGS:
-            tag = tl.load(writer_ptr + page, mask=ok, other=-1)
+            # I1 per token slot: readable only if the reader wrote it in its grant's epoch
+            tag = tl.load(token_writer_ptr + page * PAGE_SIZE + slot, mask=ok, other=-1)
             want = tl.load(expected_ptr + b * stride_ex_b + page_idx * stride_ex_p, mask=in_seq, other=0)
-            page_filled = tl.load(filled_ptr + page, mask=ok, other=0)
-            tag_ok = tag == want
-            needed = tl.minimum(seq_len - page_idx * PAGE_SIZE, PAGE_SIZE)
-            # each page is counted once, at its first token
-            first = in_seq & (slot == 0)
-            bad = (~tag_ok) | (page_filled < needed) | (page < 0) | (page >= num_pool_pages)
-            bad_pages += (first & bad).to(tl.int32)
-            # a page that fails is masked whole: `filled` counts slots written, so a short count
-            # says nothing about which of its first slots hold this request's data
-            ok = ok & tag_ok & (page_filled >= needed)
+            mine = ok & (tag == want)
+            unwritten = ok & ~mine & (tag == -1)
+            # a table entry outside the pool counts as foreign: it names nobody's data
+            foreign = in_seq & ~mine & ~unwritten
+            n_foreign += foreign.to(tl.int32)
+            n_unwritten += unwritten.to(tl.int32)
+            ok = mine
         if HEAD_DIM == HEAD_DIM_PAD:
             kv_mask = ok[:, None]
         else:
@@ -109,9 +108,11 @@ def _decode_partition_kernel(
     tl.store(l_ptr + row, l_i, mask=g_ok)
     tl.store(acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
     if CHECK_TAGS:
-        n_bad = tl.sum(bad_pages, 0)
-        # only kv head 0 reports, so a page is not counted once per kv head
-        tl.atomic_add(violations_ptr + b, n_bad, mask=(n_bad > 0) & (kv_head == 0))
+        # only kv head 0 reports, so a slot is not counted once per kv head
+        bad_f = tl.sum(n_foreign, 0)
+        bad_u = tl.sum(n_unwritten, 0)
+        tl.atomic_add(violations_ptr + 2 * b, bad_f, mask=(bad_f > 0) & (kv_head == 0))
+        tl.atomic_add(violations_ptr + 2 * b + 1, bad_u, mask=(bad_u > 0) & (kv_head == 0))
 
 
 @triton.jit
@@ -150,8 +151,7 @@ def paged_decode_attention(
     block_table: torch.Tensor,
     expected_tags: torch.Tensor,
     seq_lens: torch.Tensor,
-    writer: torch.Tensor,
-    filled: torch.Tensor,
+    token_writer: torch.Tensor,
     *,
     scale: float,
     check_tags: bool = True,
@@ -159,15 +159,18 @@ def paged_decode_attention(
     violations: torch.Tensor | None = None,
     partition_size: int = 512,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attend one query token per sequence over its KV pages; return (out [B, H, D], violations [B]).
+    """Attend one query token per sequence over its KV pages; return (out [B, H, D], violations [B, 2]).
 
     Same contract as kernels.paged_attention_ref.paged_decode_attention, without a host
     sync: a seq_len beyond the block table is clamped to it, and a table entry outside the
-    pool is never read (it counts as a violation when check_tags). partition_size (a power
+    pool is never read (its slots count as foreign when check_tags). partition_size (a power
     of two >= 16) is the number of tokens one program reduces before the merge.
     Raises ValueError on inconsistent shapes or a bad partition_size.
     """
     validate_decode_inputs(q, k_cache, v_cache, block_table, expected_tags, seq_lens)
+    if token_writer.shape != k_cache.shape[:2] or not token_writer.is_contiguous():
+        raise ValueError(f"token_writer must be a contiguous [num_pages, page_size] = {tuple(k_cache.shape[:2])}, "
+                         f"got {tuple(token_writer.shape)}")
     if partition_size < 16 or partition_size & (partition_size - 1):
         raise ValueError(f"partition_size must be a power of two >= 16, got {partition_size}")
     batch, num_heads, head_dim = q.shape
@@ -178,7 +181,7 @@ def paged_decode_attention(
     if out is None:
         out = torch.empty_like(q)
     if violations is None:
-        violations = torch.zeros(batch, dtype=torch.int32, device=q.device)
+        violations = torch.zeros(batch, 2, dtype=torch.int32, device=q.device)
     else:
         violations.zero_()
     if batch == 0:
@@ -188,7 +191,7 @@ def paged_decode_attention(
     part_acc = torch.empty(batch, num_heads, num_parts, head_dim, dtype=torch.float32, device=q.device)
     head_dim_pad = triton.next_power_of_2(head_dim)
     _decode_partition_kernel[(batch, num_kv_heads, num_parts)](
-        q, k_cache, v_cache, block_table, expected_tags, seq_lens, writer, filled,
+        q, k_cache, v_cache, block_table, expected_tags, seq_lens, token_writer,
         part_max, part_sum, part_acc, violations,
         scale * math.log2(math.e), num_pool_pages, table_width, num_parts,
         *q.stride(), *k_cache.stride(), *v_cache.stride(),

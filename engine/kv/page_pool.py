@@ -4,10 +4,11 @@ Storage is page-major, `data[page, layer, k|v, token, kv_head, dim]`, so one pag
 (every layer) are one contiguous block: a transfer sends it as one frame and a scrub
 clears it with one fill.
 
-Where the metadata lives: `writer` and `filled` are device tensors, because only the
-kernels that write K/V may set them and the attention kernel checks them. `owner`,
-`epoch` and `state` are host arrays kept by the allocator, which needs them on every
-allocate/free without a device round trip.
+Where the metadata lives: `token_writer` (the writer tag of every token slot, which I1
+checks), `writer` (each page's last writer) and `filled` (slots written this epoch) are
+device tensors, because only the code that writes K/V may set them and the attention kernel
+checks them. `owner`, `epoch` and `state` are host arrays kept by the allocator, which needs
+them on every allocate/free without a device round trip.
 """
 
 from __future__ import annotations
@@ -79,6 +80,11 @@ class PagePool:
         self._scrub_fn = scrub_fn or _scrub_with_index_fill
         self.data = torch.zeros((num_pages, *layout.page_shape), dtype=layout.dtype, device=self.device)
         self.writer = torch.full((num_pages,), NO_WRITER, dtype=torch.int64, device=self.device)
+        # I1's evidence: who wrote each token slot, stamped by every write (store kernels, the
+        # transfer receiver) and reset by every scrub, so it names the same writer as the
+        # content it sits beside
+        self.token_writer = torch.full((num_pages, layout.page_size), NO_WRITER, dtype=torch.int64,
+                                       device=self.device)
         self.filled = torch.zeros(num_pages, dtype=torch.int32, device=self.device)
         # per-layer strided views, made once: every decode step asks for them per layer
         self._k_views = [self.data[:, layer, 0] for layer in range(layout.num_layers)]
@@ -94,11 +100,6 @@ class PagePool:
         self.quarantine_s = 30.0  # how long violated pages stay visible before their scrub
         self._quarantine: list[tuple[float, int, np.ndarray]] = []
         self.provenance = np.full((num_pages, layout.page_size), -1, dtype=np.int32) if provenance else None
-        # Pages another request wrote into this epoch (only possible with the writer-tag
-        # defence off): I1 fails for them until they are handed out again, even after the
-        # owner's own next write restamps the page's writer tag.
-        self.tainted = np.zeros(num_pages, dtype=bool)
-        self.any_tainted = False
         # Pages whose metadata changed since the last take_dirty(), for telemetry deltas.
         # Off unless someone watches: then every metadata change appends its pages here.
         self.track_dirty = False
@@ -150,11 +151,9 @@ class PagePool:
         self.epoch[pages] += 1
         self.owner[pages] = slot
         self.state[pages] = PageState.RESERVED
-        if self.any_tainted:
-            self.tainted[pages] = False
         if n:
-            # Nothing of this epoch is written yet; the writer tag keeps the previous
-            # writer for forensics and can never match the new epoch.
+            # Nothing of this epoch is written yet; the token tags keep the previous writers
+            # (their content is still there unless scrubbed) and can never match the new epoch.
             self.filled[self._index(pages)] = 0
             self.mark_dirty(pages)
         return PageGrant(pages, self.epoch[pages].copy())
@@ -201,13 +200,6 @@ class PagePool:
         for _, slot, pages in due:
             self.free(slot, pages[self.owner[pages] == slot])
         return sum(len(p) for _, _, p in due)
-
-    def taint(self, pages) -> None:
-        """`pages` were written by a request that does not own them (see `tainted`)."""
-        pages = np.asarray(pages, dtype=np.int64).reshape(-1)
-        if len(pages):
-            self.tainted[pages] = True
-            self.any_tainted = True
 
     def record_content(self, flat_slots: np.ndarray, writer_slots: np.ndarray) -> None:
         """Provenance: the token slots (page * page_size + offset) now hold `writer_slots`' data."""
@@ -287,11 +279,13 @@ class PagePool:
         if not self.scrub_enabled:
             policy = "none"
         if policy == "none":
-            # Measuring the cost of not scrubbing is allowed; leaving tainted pages is not.
+            # Measuring the cost of not scrubbing is allowed; leaving violated pages is not.
             pages = pages[quarantined]
             policy = "zero"
         if len(pages):
-            self._scrub_fn(self.data, self._index(pages), SCRUB_VALUES[policy])
+            index = self._index(pages)
+            self._scrub_fn(self.data, index, SCRUB_VALUES[policy])
+            self.token_writer.index_fill_(0, index, NO_WRITER)  # nothing written since the scrub
             self.scrubbed_pages += len(pages)
             if self.provenance is not None:
                 self.provenance[pages] = -1

@@ -191,20 +191,27 @@ class WorkerEvents:
         sup = self.sup
         reader = str(event.get("request"))
         pages = [p for p in event.get("pages") or [] if isinstance(p, dict)]
-        writers = sorted({w for w in map(_writer_slot, pages) if w is not None})
+        writers = sorted({w for p in pages for w in _writer_slots(p)})
         sources = [self._request_of(w) or f"slot {w}" for w in writers if w != event.get("slot")]
         prevented = bool(event.get("prevented"))
         how = "masked, request aborted" if prevented else "NOT prevented (defence off or report_only)"
+        found = ", ".join(f"{n} {what}" for n, what in (
+            (event.get("foreign_slots"), "token slot(s) another request wrote"),
+            (event.get("unwritten_slots"), "slot(s) nothing wrote this epoch"),
+            (event.get("stale_pages"), "page(s) its block table names but it does not own")) if isinstance(n, int) and n)
         detail = (f"request {reader} met {len(pages)} page(s) of pool {event.get('pool')} it does not own "
-                  f"in this epoch ({how}); written by {', '.join(sources) or 'nobody this epoch'}")
-        sup.audit.record(reader, "ownership_violation", pages=pages, prevented=prevented)
+                  f"in this epoch{': ' + found if found else ''} ({how}); written by "
+                  f"{', '.join(sources) or 'nobody this epoch'}")
+        sup.audit.record(reader, "ownership_violation", pages=pages, prevented=prevented,
+                         foreign_slots=event.get("foreign_slots"), unwritten_slots=event.get("unwritten_slots"),
+                         stale_pages=event.get("stale_pages"))
         sup.alert("ownership_violation", "critical", detail, subject=str(event.get("pool")),
                   requests=[reader, *[s for s in sources if not s.startswith("slot")]],
                   pages=[p["page"] for p in pages], prevented=prevented, reader=reader)
         for writer in writers:
             if sup.canaries.is_canary_slot(writer) and not sup.canaries.is_canary_slot(event.get("slot")):
                 self._canary_leak(sup.canaries.by_slot[writer].request_id, reader,
-                                  [p["page"] for p in pages if _writer_slot(p) == writer], prevented)
+                                  [p["page"] for p in pages if writer in _writer_slots(p)], prevented)
 
     def _cross_read(self, worker: WorkerHandle, event: dict) -> None:
         from engine.guard.read_log import ReadRecord
@@ -259,8 +266,11 @@ class WorkerEvents:
                 "pool": msg.get("pool"), "worker": worker.name}}, msg.arrays))
 
 
-def _writer_slot(page: dict):
-    """The slot that wrote a page this epoch, from a worker's report: None when nobody did
-    (the worker sends `writer: null`) or the field is not the expected [slot, epoch] pair."""
-    writer = page.get("writer")
-    return writer[0] if isinstance(writer, (list, tuple)) and writer else None
+def _writer_slots(page: dict) -> list[int]:
+    """The slots that wrote a page's failing token slots, from a worker's report (`writers`,
+    or the older single `writer`): none when nobody did (`writer: null`) or a field is not the
+    expected [slot, epoch] pair."""
+    writers = page.get("writers")
+    if not isinstance(writers, list):
+        writers = [page.get("writer")]
+    return [w[0] for w in writers if isinstance(w, (list, tuple)) and w and isinstance(w[0], int)]

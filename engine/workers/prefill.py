@@ -184,21 +184,23 @@ class PrefillWorker(WorkerLoop):
         })
 
     def _own_pages_problem(self, request: Request) -> str | None:
-        """I1 on the prefill side: every page about to be shipped was written by this
-        request in this epoch, with every prompt token."""
+        """I1 on the prefill side: every prompt token slot about to be shipped was written by
+        this request in this epoch."""
         pool, table = self.engine.pool, request.page_table
         idx = torch.from_numpy(table.pages.astype(np.int64)).to(pool.device)
-        writer = pool.writer[idx].cpu().numpy()
-        filled = pool.filled[idx].cpu().numpy()
+        tags = pool.token_writer[idx].cpu().numpy()
         expected = table.expected_tags()
         needed = np.minimum(pool.page_size, request.prompt_len - np.arange(len(table.pages)) * pool.page_size)
-        bad = np.nonzero((writer != expected) | (filled < needed))[0]
+        wanted = np.arange(pool.page_size)[None, :] < needed[:, None]
+        wrong = wanted & (tags != expected[:, None])
+        bad = np.nonzero(wrong.any(axis=1))[0]
         if not len(bad):
             return None
         j = int(bad[0])
+        slot = int(np.nonzero(wrong[j])[0][0])
         return (f"prefill pool {pool.name!r}: page {int(table.pages[j])} of request {request.request_id} "
-                f"has writer tag {int(writer[j])} and {int(filled[j])} tokens; expected tag "
-                f"{int(expected[j])} and {int(needed[j])} tokens; not shipped")
+                f"has {int(wrong[j].sum())} prompt token slot(s) it did not write this epoch (slot {slot}: "
+                f"tag {int(tags[j, slot])}, expected {int(expected[j])}); not shipped")
 
     def _push(self, endpoint: str) -> zmq.Socket:
         push = self.pushes.get(endpoint)

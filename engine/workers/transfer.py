@@ -25,7 +25,7 @@ import torch
 
 from engine.errors import IsolationError
 from engine.kv.page_pool import MAX_SLOT
-from engine.kv.page_tags import PageState, pack_tag
+from engine.kv.page_tags import NO_WRITER, PageState, pack_tag
 from engine.protocol import ProtocolError, field_of, frame_bytes, pack_header, unpack_header
 
 OP = "kv_chunk"
@@ -171,22 +171,36 @@ def iter_transfer(pool, src_pages: np.ndarray, reservation: dict | Reservation, 
         "layout": layout.to_wire(), "first_token": int(first_token), "sender": sender,
         "chunks": -(-needed // per_chunk),
     }
+    tags = transfer_tags(pool, src, res, needed)
     provenance = None if getattr(pool, "provenance", None) is None else pool.provenance[src]
-    return _chunk_messages(manifest, host_page_rows(pool, src), per_chunk, provenance)
+    return _chunk_messages(manifest, host_page_rows(pool, src), per_chunk, tags, provenance)
 
 
-def _chunk_messages(manifest: dict, rows: list, per_chunk: int, provenance=None) -> Iterator[list]:
+def transfer_tags(pool, src: np.ndarray, res: "Reservation", needed: int) -> np.ndarray:
+    """The token tags the shipped pages carry into the decode pool ([pages, page_size] int64):
+    a slot this request wrote in the prefill pool (its tag is the request's own for the page's
+    current epoch) becomes the request's tag for the decode page's epoch; any other slot keeps
+    the tag of whoever wrote it there, so I1 on the decode side names the same writer as the
+    bytes that travel with it."""
+    rows = pool.token_writer[torch.from_numpy(src).to(pool.device)].cpu().numpy()
+    own = rows == pack_tag(np.int64(res.slot), pool.epoch[src])[:, None]
+    decode_tags = pack_tag(np.int64(res.slot), res.page_epochs[:needed].astype(np.int64))
+    return np.where(own, decode_tags[:, None], rows).astype("<i8")
+
+
+def _chunk_messages(manifest: dict, rows: list, per_chunk: int, tags: np.ndarray,
+                    provenance=None) -> Iterator[list]:
     for chunk, first in enumerate(range(0, len(rows), per_chunk)):
         frames = rows[first : first + per_chunk]
         header = {**manifest, "chunk": chunk, "first": first, "count": len(frames),
-                  "checksums": [page_checksum(f) for f in frames]}
-        if provenance is None:
-            yield [pack_header(header), *frames]
-        else:
+                  "checksums": [page_checksum(f) for f in frames], "tags": True}
+        extras = [memoryview(np.ascontiguousarray(tags[first : first + len(frames)])).cast("B")]
+        if provenance is not None:
             # the audit's ground truth travels with the data: whose content each token slot holds
             header["prov"] = True
             prov = np.ascontiguousarray(provenance[first : first + len(frames)], dtype="<i4")
-            yield [pack_header(header), *frames, memoryview(prov).cast("B")]
+            extras.append(memoryview(prov).cast("B"))
+        yield [pack_header(header), *frames, *extras]
 
 
 def host_page_rows(pool, pages: np.ndarray) -> list[np.ndarray]:
@@ -336,7 +350,7 @@ class TransferReceiver:
         for name in _LIST_FIELDS:
             _typed(header, name, "list", rid, sender)
         _typed(header, "layout", "map", rid, sender)
-        frames, prov = _split_provenance(header, frames, self.pool.page_size)
+        frames, tags, prov = _split_extras(header, frames, self.pool.page_size)
         problem = self._header_problem(t, header, epoch, len(frames) - 1)
         if problem:
             if self.verify_manifest:
@@ -358,6 +372,9 @@ class TransferReceiver:
                 self._fail(t, problem, sender)
             self._note(t, "late_write_landed", problem, sender)  # written anyway: the defence is off
         self._write(pages, [views[j] for j in keep])
+        # I1's tags land with the bytes they describe (a reader with a stale table may look
+        # before the transfer completes), as does the audit's provenance
+        self._stamp_tokens(t, pages, [span[j] for j in keep], None if tags is None else tags[keep])
         self._record_provenance(t, pages, None if prov is None else prov[keep])
         t.written.extend(span[j] for j in keep)
         if t.next_chunk == 0:
@@ -376,6 +393,20 @@ class TransferReceiver:
     def take_notes(self) -> list[TransferEvent]:
         notes, self.notes = self.notes, []
         return notes
+
+    def _stamp_tokens(self, t: _Transfer, pages: np.ndarray, indices: list[int], tags) -> None:
+        """token_writer of the written pages: the sender's tags (its own prompt slots already
+        carry this request's decode tag); without them, the request's tag on the prompt's slots
+        and no writer on the rest."""
+        if not len(pages):
+            return
+        pool, res = self.pool, t.res
+        if tags is None:
+            positions = np.asarray(indices, dtype=np.int64)[:, None] * pool.page_size + np.arange(pool.page_size)
+            own = pack_tag(np.int64(res.slot), res.page_epochs[indices].astype(np.int64))[:, None]
+            tags = np.where(positions < res.tokens, own, NO_WRITER)
+        index = torch.from_numpy(pages.astype(np.int64)).to(pool.device)
+        pool.token_writer[index] = torch.from_numpy(np.ascontiguousarray(tags, dtype=np.int64)).to(pool.device)
 
     def _record_provenance(self, t: _Transfer, pages: np.ndarray, prov) -> None:
         table = getattr(self.pool, "provenance", None)
@@ -525,15 +556,24 @@ class TransferReceiver:
             self._ended.popitem(last=False)
 
 
-def _split_provenance(header: dict, frames: list, page_size: int):
-    """The optional last frame of provenance rows ([count, page_size] int32), if announced."""
-    if header.get("prov") is not True or len(frames) < 3:
-        return frames, None
+def _split_extras(header: dict, frames: list, page_size: int):
+    """The optional trailing frames the header announces, last first: provenance rows
+    ([count, page_size] int32, `prov`) and token tags ([count, page_size] int64, `tags`).
+    A frame of the wrong size is not taken (it stays a page frame: the checks say why)."""
+    prov = tags = None
+    if header.get("prov") is True and len(frames) >= 3:
+        frames, prov = _split_rows(frames, page_size, "<i4")
+    if header.get("tags") is True and len(frames) >= 3:
+        frames, tags = _split_rows(frames, page_size, "<i8")
+    return frames, tags, prov
+
+
+def _split_rows(frames: list, page_size: int, dtype: str):
     raw = frame_bytes(frames[-1])
-    rows = (len(frames) - 2)
-    if len(raw) != rows * page_size * 4:
-        return frames, None  # not a provenance frame after all: the checks will say why
-    return frames[:-1], np.frombuffer(raw, dtype="<i4").reshape(rows, page_size)
+    row_bytes = page_size * np.dtype(dtype).itemsize
+    if not raw or len(raw) % row_bytes or len(raw) // row_bytes > len(frames) - 1:
+        return frames, None
+    return frames[:-1], np.frombuffer(raw, dtype=dtype).reshape(-1, page_size)
 
 
 def _typed(header: dict, name: str, kind: str, rid: str | None, sender: str):

@@ -22,6 +22,7 @@ from kernels.scrub_ref import scrub_pages
 
 # padding entries of a block table: must never be dereferenced
 _PADDING = (-1, 0, 10**6)
+NO_WRITER = -1
 
 
 def make_tag(slot: int, epoch: int) -> int:
@@ -30,7 +31,8 @@ def make_tag(slot: int, epoch: int) -> int:
 
 def build_case(gen, lens, *, kv_heads=2, group=2, head_dim=8, page_size=4, num_layers=3,
                layer=1, spare_pages=4, dtype=torch.float32):
-    """A pool with every sequence's pages scattered at random, correctly tagged and filled."""
+    """A pool with every sequence's pages scattered at random, each needed token slot tagged
+    by its sequence (slots past a sequence's end: nobody)."""
     pages_per_seq = [-(-n // page_size) for n in lens]
     width = max(pages_per_seq, default=0) + 1  # always at least one padding column
     num_pages = sum(pages_per_seq) + spare_pages
@@ -38,9 +40,8 @@ def build_case(gen, lens, *, kv_heads=2, group=2, head_dim=8, page_size=4, num_l
     order = torch.randperm(num_pages, generator=gen).tolist()
     block_table = torch.empty(len(lens), width, dtype=torch.int32)
     expected = torch.empty(len(lens), width, dtype=torch.int64)
-    # spare pages belong to some other request
-    writer = torch.full((num_pages,), make_tag(999, 7), dtype=torch.int64)
-    filled = torch.full((num_pages,), page_size, dtype=torch.int32)
+    # spare pages hold some other request's tokens
+    token_writer = torch.full((num_pages, page_size), make_tag(999, 7), dtype=torch.int64)
     for b, n in enumerate(lens):
         tag = make_tag(b + 1, int(torch.randint(0, 2**32, (1,), generator=gen)))
         for j in range(width):
@@ -48,14 +49,15 @@ def build_case(gen, lens, *, kv_heads=2, group=2, head_dim=8, page_size=4, num_l
             if j < pages_per_seq[b]:
                 page = order.pop()
                 block_table[b, j] = page
-                writer[page] = tag
-                filled[page] = min(page_size, n - j * page_size)
+                written = min(page_size, n - j * page_size)
+                token_writer[page, :written] = tag
+                token_writer[page, written:] = NO_WRITER
             else:
                 block_table[b, j] = _PADDING[(b + j) % len(_PADDING)]
     q = torch.randn(len(lens), kv_heads * group, head_dim, generator=gen).to(dtype)
     return SimpleNamespace(
         data=data, k_cache=data[:, layer, 0], v_cache=data[:, layer, 1], q=q,
-        block_table=block_table, expected=expected, writer=writer, filled=filled,
+        block_table=block_table, expected=expected, token_writer=token_writer,
         seq_lens=torch.tensor(lens, dtype=torch.int32), page_size=page_size, group=group,
         scale=head_dim**-0.5,
     )
@@ -63,16 +65,14 @@ def build_case(gen, lens, *, kv_heads=2, group=2, head_dim=8, page_size=4, num_l
 
 def run_kernel(fn, case, **kwargs):
     return fn(case.q, case.k_cache, case.v_cache, case.block_table, case.expected, case.seq_lens,
-              case.writer, case.filled, scale=case.scale, **kwargs)
+              case.token_writer, scale=case.scale, **kwargs)
 
 
 def tag_keep(case):
-    """The I1 rule spelled out page by page: the page's tag matches and it holds every token
-    the reader needs from it (`filled` counts written slots); a failing page is skipped whole."""
+    """The I1 rule spelled out slot by slot: a token is read only if its tag is the reader's."""
     def keep(b, j, slot):
         page = int(case.block_table[b, j])
-        needed = min(case.page_size, int(case.seq_lens[b]) - j * case.page_size)
-        return int(case.writer[page]) == int(case.expected[b, j]) and int(case.filled[page]) >= needed
+        return int(case.token_writer[page, slot]) == int(case.expected[b, j])
     return keep
 
 
@@ -98,21 +98,24 @@ def dense_oracle(case, keep=None):
 
 
 def oracle_violations(case):
+    """[B, 2]: (foreign, unwritten) token slots each sequence needs, counted one by one."""
     counts = []
     for b, n in enumerate(case.seq_lens.tolist()):
-        bad = 0
-        for j in range(-(-n // case.page_size)):
-            page = int(case.block_table[b, j])
-            needed = min(case.page_size, n - j * case.page_size)
-            bad += int(case.writer[page]) != int(case.expected[b, j]) or int(case.filled[page]) < needed
-        counts.append(bad)
-    return torch.tensor(counts, dtype=torch.int32)
+        foreign = unwritten = 0
+        for t in range(n):
+            j, slot = divmod(t, case.page_size)
+            tag = int(case.token_writer[int(case.block_table[b, j]), slot])
+            if tag != int(case.expected[b, j]):
+                unwritten += tag == NO_WRITER
+                foreign += tag != NO_WRITER
+        counts.append([foreign, unwritten])
+    return torch.tensor(counts, dtype=torch.int32).reshape(-1, 2)
 
 
 def plant_foreign_and_underfilled(case, foreign=(0, 1), underfilled=(2, 0), filled_to=1):
-    """Give one page another request's tag and leave another half-written."""
-    case.writer[int(case.block_table[foreign])] = make_tag(77, 3)
-    case.filled[int(case.block_table[underfilled])] = filled_to
+    """Give one page another request's tag and leave another written only up to `filled_to`."""
+    case.token_writer[int(case.block_table[foreign])] = make_tag(77, 3)
+    case.token_writer[int(case.block_table[underfilled]), filled_to:] = NO_WRITER
 
 
 def assert_close(actual, expected, rtol, msg=""):
@@ -131,15 +134,17 @@ def test_reference_matches_dense_oracle(kv_heads, group):
     assert not case.k_cache.is_contiguous()
     out, violations = run_kernel(paged_decode_attention, case)
     assert_close(out, dense_oracle(case), 1e-5)
-    assert violations.tolist() == [0] * len(RAGGED)
+    assert violations.tolist() == [[0, 0]] * len(RAGGED)
     assert out[2].eq(0).all()
 
 
-def test_reference_masks_foreign_and_underfilled_pages():
+def test_reference_masks_foreign_and_unwritten_slots():
     case = build_case(torch.Generator().manual_seed(1), [9, 12, 7])
     plant_foreign_and_underfilled(case)
     out, violations = run_kernel(paged_decode_attention, case)
-    assert violations.tolist() == [1, 0, 1]
+    # sequence 0 needs all 4 slots of its page 1 (another's); sequence 2 needs 4 of its
+    # page 0 and finds 3 of them unwritten; only those slots are masked
+    assert violations.tolist() == [[4, 0], [0, 0], [0, 3]]
     assert torch.equal(violations, oracle_violations(case))
     foreign_page = int(case.block_table[0, 1])
     without_foreign = dense_oracle(case, keep=lambda b, j, s: int(case.block_table[b, j]) != foreign_page
@@ -148,25 +153,36 @@ def test_reference_masks_foreign_and_underfilled_pages():
     assert_close(out, dense_oracle(case, tag_keep(case)), 1e-5)
 
 
+def test_reference_reads_own_slots_of_a_page_another_request_also_wrote():
+    # the slots a reader wrote stay readable; only the one another request wrote is masked
+    case = build_case(torch.Generator().manual_seed(11), [8])
+    page = int(case.block_table[0, 1])
+    case.token_writer[page, 2] = make_tag(42, 1)
+    out, violations = run_kernel(paged_decode_attention, case)
+    assert violations.tolist() == [[1, 0]]
+    keep = lambda b, j, s: not (j == 1 and s == 2)  # noqa: E731
+    assert_close(out, dense_oracle(case, keep), 1e-5)
+
+
 def test_reference_unchecked_reads_everything():
     case = build_case(torch.Generator().manual_seed(2), [9, 12, 7])
-    # unchecked means no metadata reads at all: empty tensors would fail any read
-    case.writer, case.filled = torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int32)
+    # unchecked means the tags do not matter: every slot here names another writer
+    case.token_writer = torch.full_like(case.token_writer, make_tag(1234, 5))
     out, violations = run_kernel(paged_decode_attention, case, check_tags=False)
-    assert violations.tolist() == [0, 0, 0]
+    assert violations.tolist() == [[0, 0]] * 3
     assert_close(out, dense_oracle(case), 1e-5)
 
 
 def test_reference_fully_masked_row_is_zero_and_poison_does_not_leak():
     case = build_case(torch.Generator().manual_seed(3), [6, 5])
     foreign = case.block_table[0, :2].long()
-    case.writer[foreign] = make_tag(5, 5)
+    case.token_writer[foreign] = make_tag(5, 5)
     case.k_cache[foreign] = float("nan")
     case.v_cache[foreign] = float("nan")
     last = int(case.block_table[1, 1])
     case.v_cache[last, 1:] = float("nan")  # beyond seq_len 5 in a page holding one token
     out, violations = run_kernel(paged_decode_attention, case)
-    assert out[0].eq(0).all() and violations.tolist() == [2, 0]
+    assert out[0].eq(0).all() and violations.tolist() == [[6, 0], [0, 0]]
     assert_close(out, dense_oracle(case, tag_keep(case)), 1e-5)
     out, _ = run_kernel(paged_decode_attention, case, check_tags=False)
     assert out[1].isfinite().all()
@@ -175,11 +191,11 @@ def test_reference_fully_masked_row_is_zero_and_poison_does_not_leak():
 def test_reference_writes_preallocated_buffers():
     case = build_case(torch.Generator().manual_seed(4), [3, 0, 10])
     out = torch.full_like(case.q, float("nan"))
-    violations = torch.full((3,), 123, dtype=torch.int32)
+    violations = torch.full((3, 2), 123, dtype=torch.int32)
     got_out, got_violations = run_kernel(paged_decode_attention, case, out=out, violations=violations)
     assert got_out is out and got_violations is violations
     assert_close(out, dense_oracle(case), 1e-5)
-    assert violations.tolist() == [0, 0, 0]
+    assert violations.tolist() == [[0, 0]] * 3
 
 
 def test_reference_bfloat16_within_tolerance():
@@ -193,11 +209,13 @@ def test_reference_rejects_bad_shapes():
     case = build_case(torch.Generator().manual_seed(6), [5, 3])
     with pytest.raises(ValueError, match="seq_len 40 needs 10 pages"):
         paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_table, case.expected,
-                               torch.tensor([40, 1], dtype=torch.int32), case.writer, case.filled,
-                               scale=1.0)
+                               torch.tensor([40, 1], dtype=torch.int32), case.token_writer, scale=1.0)
     with pytest.raises(ValueError, match="expected_tags"):
         paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_table,
-                               case.expected[:, :1], case.seq_lens, case.writer, case.filled, scale=1.0)
+                               case.expected[:, :1], case.seq_lens, case.token_writer, scale=1.0)
+    with pytest.raises(ValueError, match="token_writer"):
+        paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_table, case.expected,
+                               case.seq_lens, case.token_writer[:, :1], scale=1.0)
 
 
 @settings(max_examples=40, deadline=None)
@@ -213,10 +231,11 @@ def test_reference_property_matches_oracle(lens, kv_heads, group, head_dim, page
         used = [(b, j) for b, n in enumerate(lens) for j in range(-(-n // page_size))]
         for b, j in used[:: 3]:
             page = int(case.block_table[b, j])
+            slot = int(torch.randint(0, page_size, (1,), generator=gen))
             if int(torch.randint(0, 2, (1,), generator=gen)):
-                case.writer[page] = make_tag(500, b)
+                case.token_writer[page, slot] = make_tag(500, b)
             else:
-                case.filled[page] = int(torch.randint(0, page_size, (1,), generator=gen))
+                case.token_writer[page, slot:] = NO_WRITER
     out, violations = run_kernel(paged_decode_attention, case)
     assert_close(out, dense_oracle(case, tag_keep(case)), 1e-5)
     assert torch.equal(violations, oracle_violations(case))
@@ -228,10 +247,11 @@ def test_store_kv_reference_writes_only_addressed_slots():
     before = data.clone()
     writer = torch.full((6,), -1, dtype=torch.int64)
     filled = torch.tensor([0, 0, 0, 3, 0, 0], dtype=torch.int32)
+    token_writer = torch.full((6, 4), -1, dtype=torch.int64)
     k_new, v_new = torch.randn(4, 2, 8, generator=gen), torch.randn(4, 2, 8, generator=gen)
     slots = torch.tensor([9, -1, 10, 12])  # page 2 offsets 1, 2; page 3 offset 0
     tags = torch.tensor([make_tag(1, 1), make_tag(9, 9), make_tag(1, 1), make_tag(2, 5)])
-    store_kv(data[:, 1, 0], data[:, 1, 1], k_new, v_new, slots, tags, writer, filled)
+    store_kv(data[:, 1, 0], data[:, 1, 1], k_new, v_new, slots, tags, writer, filled, token_writer)
     expected = before.clone()
     for t, slot in enumerate(slots.tolist()):
         if slot >= 0:
@@ -239,12 +259,16 @@ def test_store_kv_reference_writes_only_addressed_slots():
             expected[slot // 4, 1, 1, slot % 4] = v_new[t]
     assert torch.equal(data, expected)
     assert writer.tolist() == [-1, -1, make_tag(1, 1), make_tag(2, 5), -1, -1]
-    # filled counts slots written: page 2 got offsets 1 and 2 but not 0, so a reader needing
-    # 3 tokens sees 2 (the gap is visible to I1); page 3 had 3 and got one more
+    want_tokens = torch.full((6, 4), -1, dtype=torch.int64)
+    want_tokens[2, 1] = want_tokens[2, 2] = make_tag(1, 1)
+    want_tokens[3, 0] = make_tag(2, 5)
+    assert torch.equal(token_writer, want_tokens)  # each written slot names its writer, nothing else
+    # filled counts slots written: page 2 got offsets 1 and 2; page 3 had 3 and got one more
     assert filled.tolist() == [0, 0, 2, 4, 0, 0]
-    writer2, filled2 = writer.clone(), filled.clone()
-    store_kv(data[:, 1, 0], data[:, 1, 1], k_new, v_new, slots, tags, writer2, filled2, stamp=False)
+    writer2, filled2, tokens2 = writer.clone(), filled.clone(), token_writer.clone()
+    store_kv(data[:, 1, 0], data[:, 1, 1], k_new, v_new, slots, tags, writer2, filled2, tokens2, stamp=False)
     assert torch.equal(writer2, writer) and torch.equal(filled2, filled)  # later layers do not stamp
+    assert torch.equal(tokens2, token_writer)
 
 
 @pytest.mark.parametrize("value", [0.0, float("nan")])

@@ -57,7 +57,7 @@ def on_cpu(case):
 def triton_and_reference(case, **kwargs):
     """Run both backends; the Triton output buffer starts as NaN so every element must be written."""
     out = torch.full_like(case.q, float("nan"))
-    violations = torch.full((case.q.shape[0],), -7, dtype=torch.int32, device=case.q.device)
+    violations = torch.full((case.q.shape[0], 2), -7, dtype=torch.int32, device=case.q.device)
     got = run_kernel(paged_decode_attention, case, out=out, violations=violations, **kwargs)
     kwargs.pop("partition_size", None)
     want = run_kernel(paged_attention_ref.paged_decode_attention, case, **kwargs)
@@ -73,11 +73,11 @@ def test_triton_matches_reference(seeded, kv_heads, group, partition_size):
     assert not out.isnan().any(), seed
     assert_close(out.cpu(), ref_out.cpu(), 1e-5, seed)
     assert_close(out.cpu(), dense_oracle(on_cpu(case)), 1e-5, seed)
-    assert violations.tolist() == ref_violations.tolist() == [0] * len(lens), seed
+    assert violations.tolist() == ref_violations.tolist() == [[0, 0]] * len(lens), seed
     assert out[lens.index(0)].eq(0).all(), seed
 
 
-def test_triton_masks_foreign_page_and_counts_underfilled(seeded):
+def test_triton_masks_foreign_and_unwritten_slots(seeded):
     gen, seed = seeded
     case = on_device(build_case(gen, [9, 12, 7, 40], head_dim=16))
     plant_foreign_and_underfilled(case)
@@ -85,7 +85,8 @@ def test_triton_masks_foreign_page_and_counts_underfilled(seeded):
     case.v_cache[foreign_page] = float("nan")  # poison must not leak through a masked page
     (out, violations), (ref_out, ref_violations) = triton_and_reference(case, partition_size=16)
     cpu = on_cpu(case)
-    assert violations.tolist() == ref_violations.tolist() == oracle_violations(cpu).tolist() == [1, 0, 1, 0], seed
+    assert (violations.tolist() == ref_violations.tolist() == oracle_violations(cpu).tolist()
+            == [[4, 0], [0, 0], [0, 3], [0, 0]]), seed
     without_foreign = dense_oracle(cpu, keep=lambda b, j, s: b != 0 or int(cpu.block_table[b, j]) != foreign_page)
     assert_close(out[0].cpu(), without_foreign[0], 1e-5, seed)
     assert_close(out.cpu(), dense_oracle(cpu, tag_keep(cpu)), 1e-5, seed)
@@ -107,10 +108,11 @@ def test_triton_random_shapes_and_corruption_match_reference(seeded):
             for j in range(-(-n // page_size)):
                 page = int(case.block_table[b, j])
                 roll = int(torch.randint(0, 6, (1,), generator=gen))
+                slot = int(torch.randint(0, page_size, (1,), generator=gen))
                 if roll == 0:
-                    case.writer[page] = make_tag(600 + b, j)
+                    case.token_writer[page, slot] = make_tag(600 + b, j)
                 elif roll == 1:
-                    case.filled[page] = int(torch.randint(0, page_size, (1,), generator=gen))
+                    case.token_writer[page, slot:] = -1
         what = f"{seed} trial {trial}: lens {lens} page_size {page_size}"
         (out, violations), (ref_out, ref_violations) = triton_and_reference(case, partition_size=pick([16, 32]))
         assert violations.tolist() == ref_violations.tolist(), what
@@ -123,7 +125,7 @@ def test_triton_never_reads_a_page_outside_the_pool(seeded):
     case.block_table[0, 1] = 10**6  # a corrupt entry inside the sequence
     out = torch.full_like(case.q, float("nan"))
     out, violations = run_kernel(paged_decode_attention, case, out=out, partition_size=16)
-    assert violations.tolist() == [1, 0], seed
+    assert violations.tolist() == [[4, 0], [0, 0]], seed  # its 4 slots name nobody's data
     cpu = on_cpu(case)
     keep = lambda b, j, s: b != 0 or j != 1  # noqa: E731
     assert_close(out.cpu(), dense_oracle(cpu, keep), 1e-5, seed)
@@ -134,7 +136,7 @@ def test_triton_unchecked_attends_everything(seeded):
     case = on_device(build_case(gen, [9, 12, 33], head_dim=16))
     plant_foreign_and_underfilled(case)
     (out, violations), (ref_out, _) = triton_and_reference(case, check_tags=False, partition_size=16)
-    assert violations.tolist() == [0, 0, 0], seed
+    assert violations.tolist() == [[0, 0]] * 3, seed
     assert_close(out.cpu(), dense_oracle(on_cpu(case)), 1e-5, seed)
     assert_close(out.cpu(), ref_out.cpu(), 1e-5, seed)
 
@@ -142,10 +144,10 @@ def test_triton_unchecked_attends_everything(seeded):
 def test_triton_fully_masked_row_is_zero(seeded):
     gen, seed = seeded
     case = on_device(build_case(gen, [20, 3], head_dim=16))
-    case.writer[case.block_table[0, :5].long()] = make_tag(42, 1)
+    case.token_writer[case.block_table[0, :5].long()] = make_tag(42, 1)
     (out, violations), _ = triton_and_reference(case, partition_size=16)
     assert out[0].eq(0).all() and not out.isnan().any(), seed
-    assert violations.tolist() == [5, 0], seed
+    assert violations.tolist() == [[20, 0], [0, 0]], seed
 
 
 def test_triton_float16_within_tolerance(seeded):
@@ -163,12 +165,13 @@ def test_triton_store_kv_writes_only_addressed_slots(seeded):
     before = data.clone()
     writer = torch.full((7,), -1, dtype=torch.int64, device=DEVICE)
     filled = torch.tensor([0, 0, 0, 3, 0, 0, 0], dtype=torch.int32, device=DEVICE)
+    token_writer = torch.full((7, 4), -1, dtype=torch.int64, device=DEVICE)
     k_new = torch.randn(5, 2, 16, generator=gen).to(DEVICE)
     v_new = torch.randn(5, 2, 16, generator=gen).to(DEVICE)
     slots = torch.tensor([9, -1, 10, 12, 27], device=DEVICE)
     tags = torch.tensor([make_tag(1, 1), make_tag(9, 9), make_tag(1, 1), make_tag(2, 5), make_tag(3, 3)],
                         device=DEVICE)
-    store_kv(data[:, 2, 0], data[:, 2, 1], k_new, v_new, slots, tags, writer, filled)
+    store_kv(data[:, 2, 0], data[:, 2, 1], k_new, v_new, slots, tags, writer, filled, token_writer)
     expected = before.clone()
     for t, slot in enumerate(slots.tolist()):
         if slot >= 0:
@@ -177,7 +180,12 @@ def test_triton_store_kv_writes_only_addressed_slots(seeded):
     assert torch.equal(data, expected), seed
     assert writer.tolist() == [-1, -1, make_tag(1, 1), make_tag(2, 5), -1, -1, make_tag(3, 3)], seed
     assert filled.tolist() == [0, 0, 2, 4, 0, 0, 1], seed  # slots written, gaps show
-    store_kv(data[:, 2, 0], data[:, 2, 1], k_new, v_new, slots, tags, writer, filled, stamp=False)
+    want_tokens = torch.full((7, 4), -1, dtype=torch.int64)
+    for slot, tag in zip(slots.tolist(), tags.tolist()):
+        if slot >= 0:
+            want_tokens.view(-1)[slot] = tag
+    assert torch.equal(token_writer.cpu(), want_tokens), seed  # I1's tag on exactly the slots written
+    store_kv(data[:, 2, 0], data[:, 2, 1], k_new, v_new, slots, tags, writer, filled, token_writer, stamp=False)
     assert filled.tolist() == [0, 0, 2, 4, 0, 0, 1], seed
 
 

@@ -57,6 +57,10 @@ def _rig(tokens: int = 10, epoch: int = 7, request_id: str = "req-1", seed: int 
     src = prefill.allocate(slot, n).pages
     gen = torch.Generator().manual_seed(seed)
     prefill.data[_index(src)] = torch.randn((n, *LAYOUT.page_shape), generator=gen)
+    # the prefill forward pass stamps the prompt's token slots with the request's tag
+    positions = np.arange(n * LAYOUT.page_size).reshape(n, LAYOUT.page_size)
+    own = pack_tag(np.int64(slot), prefill.epoch[src].astype(np.int64))[:, None]
+    prefill.token_writer[_index(src)] = torch.from_numpy(np.where(positions < tokens, own, NO_WRITER))
     grant = decode.allocate(slot, n + 2)  # the whole request: prompt + new tokens
     decode.set_state(slot, grant.pages[:n], PageState.IN_FLIGHT)
     res = Reservation(request_id, slot, epoch, tokens, grant.pages[:n], grant.epochs[:n])
@@ -101,6 +105,11 @@ def _assert_landed(rig: Rig) -> None:
     ps = LAYOUT.page_size
     assert meta["filled"] == [min(ps, rig.res.tokens - j * ps) for j in range(len(rig.res.pages))]
     assert meta["state"] == [PageState.WRITTEN] * len(rig.res.pages)
+    # I1's per-slot tags: the prompt's slots are the request's for the decode epoch, the rest nobody's
+    tags = rig.decode.token_writer[_index(rig.res.pages)].numpy()
+    positions = np.arange(tags.size).reshape(tags.shape)
+    own = pack_tag(np.int64(rig.res.slot), rig.res.page_epochs)[:, None]
+    assert np.array_equal(tags, np.where(positions < rig.res.tokens, own, NO_WRITER))
 
 
 # ---- complete transfers ------------------------------------------------------------------
@@ -147,7 +156,7 @@ def test_chunk_sizes_split_pages_and_all_land(chunk_bytes, chunks):
     rig = _rig(tokens=17)  # 5 pages, the last holding one token
     messages = _messages(rig, chunk_bytes=chunk_bytes)
     assert len(messages) == chunks
-    assert [unpack_header(m[0])["count"] for m in messages] == [len(m) - 1 for m in messages]
+    assert [unpack_header(m[0])["count"] for m in messages] == [len(m) - 2 for m in messages]  # + tags
     events = _feed(rig, messages)
     assert [e.kind for e in events] == ["complete"]
     _assert_landed(rig)
@@ -208,7 +217,7 @@ MISMATCHES = {
                     "page_epochs differ at index 0: 9 != reserved 1"),
     "layout dtype": (lambda r, m: _other_dtype(r), "layout dtype 'bfloat16' != 'float32'"),
     "checksum": (lambda r, m: _corrupt_byte(m), "checksum of page"),
-    "missing frame": (lambda r, m: [m[0][:-1], m[1]], "count 2 != page frames present 1"),
+    "missing frame": (lambda r, m: [m[0][:-2] + m[0][-1:], m[1]], "count 2 != page frames present 1"),
     "truncated frame": (lambda r, m: [[*m[0][:2], bytes(m[0][2])[:-1]], m[1]],
                         "is 1,023 bytes, bytes_per_page is 1,024"),
     "out of order": (lambda r, m: [m[1], m[0]], "chunk 1 != expected 0"),
