@@ -82,8 +82,13 @@ def run_row(client, scenario: Scenario, row: str, rng: random.Random, scale: flo
     end = time.time()
     truth = [r for r in client.call("ground_truth")["reads"] if start <= r["time"] <= end]
     pairs = client.call("scope", since=start, until=end)["pairs"]
-    audits = {rid: client.audit(rid)["events"] for rid in ids}
+    # every request the ground truth names is scored, not only the workload's: a canary the
+    # engine schedules on its own may read (or be read) in the row's window, and leaving it
+    # out made its detection invisible to the table (one missed reader, depending on timing)
+    named = {r["reader"] for r in truth} | {r.get("source") for r in truth} | {p["reader"] for p in pairs}
+    audits = {rid: client.audit(rid)["events"] for rid in [*ids, *sorted(n for n in named - set(ids) if n)]}
     touched = {rid for rid, w in zip(ids, work) if _fault_touched(scenario, w)}
+    touched |= {rid for rid in audits if rid not in ids and _fault_touched(scenario, {"tenant": "canary"})}
     result = _tabulate(scenario, row, ids, truth, pairs, audits, touched)
     result.leaks = marker_leaks(ids, work, ends)
     result.passed, result.why = _verdict(scenario, row, result, result.detected)
