@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import random
+import string
 import sys
 import time
 from pathlib import Path
@@ -45,6 +46,42 @@ BOS, EOS, PAD = 256, 257, 258
 INSTRUCTION = "\n\nRepeat the text above exactly:\n"
 INSTR_IDS = list(INSTRUCTION.encode())
 ALNUM = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+
+# ----------------------------------------------------------------------------- data
+# Alphabets of the markers (the eval measures each one separately, see eval_copy_model.py).
+LOWER = ALNUM
+MIXED = string.ascii_letters + string.digits
+PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7F))  # space .. ~: letters, digits, punctuation
+
+
+def _span(a: int, b: int, skip: str = "") -> str:
+    return "".join(chr(c) for c in range(a, b + 1) if chr(c) not in skip)
+
+
+# Non-ASCII scripts: 2-byte (Latin-1 / Latin Extended-A, Greek, Cyrillic, Hebrew, Arabic),
+# 3-byte (Devanagari, kana, CJK, Hangul, symbols) and 4-byte (emoji) UTF-8 sequences.
+SCRIPTS = {
+    "latin": _span(0xC0, 0xFF, "×÷") + _span(0x100, 0x17F),
+    "greek": _span(0x391, 0x3A9, "\u03a2") + _span(0x3B1, 0x3C9),
+    "cyrillic": _span(0x410, 0x44F) + "ЁёЄєІіЇїЎў",
+    "hebrew": _span(0x5D0, 0x5EA),
+    "arabic": _span(0x621, 0x64A),
+    "devanagari": _span(0x905, 0x939),
+    "kana": _span(0x3041, 0x3096) + _span(0x30A1, 0x30FA),
+    "cjk": _span(0x4E00, 0x9FA5),
+    "hangul": _span(0xAC00, 0xD7A3),
+    "symbols": "€£¥¢©®°±µ¶§·…—–‘’“”•←→↑↓≤≥≠≈∞√∑∏∫∂∆∇∈∉∩∪⊂⊃★☆♠♣♥♦♪✓✗",
+    "emoji": _span(0x1F600, 0x1F64F) + _span(0x1F300, 0x1F3FF) + _span(0x1F680, 0x1F6C5),
+}
+SCRIPT_NAMES = sorted(SCRIPTS)
+UTF8_WORDS = (
+    "café naïve résumé façade déjà Straße Größe über schön Ärger jalapeño niño mañana "
+    "São Paulo Zürich Kraków Łódź Ångström smörgåsbord façon où été garçon crème brûlée "
+    "αβγ λόγος καλημέρα Αθήνα φίλος θάλασσα привет мир Москва спасибо данные память "
+    "日本語 東京 漢字 中文 数据 模型 内存 こんにちは ありがとう カタカナ 서울 한국어 안녕하세요 "
+    "שלום עולם مرحبا العالم नमस्ते दुनिया 😀 🚀 🎉 ✓ → € £ ¥ ©"
+).split()
 WORDS = (
     "the a an of to and in is it for on with as at by from this that be are was were not "
     "we you they he she data file page cache token model memory block table value key "
@@ -53,15 +90,64 @@ WORDS = (
     "small large fast slow new old first last next other same each every some many "
     "red green blue north south river stone light dark cold warm early late simple"
 ).split()
+NAMES = "ACME Corp|Globex|Initech|Umbrella Ltd|Stark Industries|Wayne Enterprises|Hooli|Vandelay Import".split("|")
 
 
-# ----------------------------------------------------------------------------- data
 def rand_alnum(rng: random.Random, n: int) -> str:
     return "".join(rng.choice(ALNUM) for _ in range(n))
 
 
 def marker(rng: random.Random) -> str:
+    """The original marker: 24-40 lowercase letters and digits."""
     return rand_alnum(rng, rng.randint(24, 40))
+
+
+def utf8_pool(rng: random.Random) -> list[str]:
+    """Character pools for one UTF-8 text: 1-3 scripts, sometimes with ASCII letters/digits."""
+    pools = [SCRIPTS[s] for s in rng.sample(SCRIPT_NAMES, rng.randint(1, 3))]
+    if rng.random() < 0.5:
+        pools.append(MIXED)
+    return pools
+
+
+def rand_chars(rng: random.Random, n: int, alphabet: str) -> str:
+    """n random characters of one alphabet: lower, mixed, printable or utf8 (several scripts,
+    each script equally likely whatever its size)."""
+    if alphabet == "utf8":
+        pools = utf8_pool(rng)
+        return "".join(rng.choice(rng.choice(pools)) for _ in range(n))
+    chars = {"lower": LOWER, "mixed": MIXED, "printable": PRINTABLE}[alphabet]
+    return "".join(rng.choice(chars) for _ in range(n))
+
+
+def alphabet_marker(rng: random.Random, alphabet: str, lo: int = 24, hi: int = 40) -> str:
+    """A random marker of lo..hi characters of one alphabet (the eval's markers)."""
+    if alphabet == "lower":
+        return rand_alnum(rng, rng.randint(lo, hi))
+    return rand_chars(rng, rng.randint(lo, hi), alphabet)
+
+
+def identifier(rng: random.Random) -> str:
+    ws = [rng.choice(WORDS) for _ in range(rng.randint(1, 3))]
+    style = rng.random()
+    if style < 0.4:
+        s = "_".join(ws)
+    elif style < 0.7:
+        s = ws[0] + "".join(w.capitalize() for w in ws[1:])
+    else:
+        s = "-".join(ws)
+    if rng.random() < 0.4:
+        s += str(rng.randint(0, 999))
+    return s
+
+
+def number(rng: random.Random) -> str:
+    k = rng.random()
+    if k < 0.5:
+        return str(rng.randint(0, 10 ** rng.randint(1, 9)))
+    if k < 0.8:
+        return f"{rng.uniform(-1000, 1000):.{rng.randint(1, 5)}f}"
+    return "0x" + "".join(rng.choice("0123456789abcdef") for _ in range(rng.randint(2, 12)))
 
 
 def filler_piece(rng: random.Random) -> str:
@@ -69,30 +155,16 @@ def filler_piece(rng: random.Random) -> str:
     if r < 0.30:
         return rand_alnum(rng, rng.randint(3, 16))
     if r < 0.50:  # identifiers
-        ws = [rng.choice(WORDS) for _ in range(rng.randint(1, 3))]
-        style = rng.random()
-        if style < 0.4:
-            s = "_".join(ws)
-        elif style < 0.7:
-            s = ws[0] + "".join(w.capitalize() for w in ws[1:])
-        else:
-            s = "-".join(ws)
-        if rng.random() < 0.4:
-            s += str(rng.randint(0, 999))
-        return s
+        return identifier(rng)
     if r < 0.65:  # numbers
-        k = rng.random()
-        if k < 0.5:
-            return str(rng.randint(0, 10 ** rng.randint(1, 9)))
-        if k < 0.8:
-            return f"{rng.uniform(-1000, 1000):.{rng.randint(1, 5)}f}"
-        return "0x" + "".join(rng.choice("0123456789abcdef") for _ in range(rng.randint(2, 12)))
+        return number(rng)
     # short sentence
     ws = [rng.choice(WORDS) for _ in range(rng.randint(3, 10))]
     return " ".join(ws).capitalize() + rng.choice(".!?")
 
 
 def filler(rng: random.Random, n: int) -> str:
+    """The original filler: lowercase strings, identifiers, numbers, short sentences."""
     out, size = [], 0
     while size < n:
         p = filler_piece(rng) + rng.choice([" ", " ", " ", "\n", ", ", "; ", " | "])
@@ -101,18 +173,120 @@ def filler(rng: random.Random, n: int) -> str:
     return "".join(out)[:n]
 
 
-def make_text(rng: random.Random, n: int) -> str:
-    """A text of exactly n bytes (ASCII): usually a marker first, then filler."""
+def structured(rng: random.Random) -> str:
+    """Invoice lines, dates, money, emails, URLs, paths, code: text with punctuation."""
+    k = rng.randrange(8)
+    name = rng.choice(NAMES)
+    date = f"{rng.randint(1990, 2039)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+    money = f"{rng.choice('$€£¥')}{rng.randint(0, 99999):,}.{rng.randint(0, 99):02d}"
+    if k == 0:
+        return f"Invoice {date}: {name} owes {money}"
+    if k == 1:
+        return f"#{rng.randint(1, 99999)} {date} {rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d} {money}"
+    if k == 2:
+        user = rand_chars(rng, rng.randint(3, 10), "mixed")
+        return f"{user}.{rng.choice(WORDS)}@{rng.choice(WORDS)}-{rng.randint(1, 99)}.{rng.choice(['com', 'org', 'io', 'de'])}"
+    if k == 3:
+        parts = "/".join(identifier(rng) for _ in range(rng.randint(1, 4)))
+        return f"https://{rng.choice(WORDS)}.example/{parts}?id={rng.randint(0, 10**6)}&k={rand_chars(rng, 6, 'mixed')}"
+    if k == 4:
+        return f"{identifier(rng)}({number(rng)}, \"{rand_chars(rng, rng.randint(2, 9), 'printable')}\") -> {{'{rng.choice(WORDS)}': [{number(rng)}]}}"
+    if k == 5:
+        return f"C:\\{identifier(rng)}\\{identifier(rng)}.{rng.choice(['txt', 'csv', 'py', 'log'])}"
+    if k == 6:
+        return f"{name} <{rng.choice(WORDS)}@{rng.choice(WORDS)}.com> ({rng.randint(10, 99)}%) ~{number(rng)}"
+    return f"{rng.choice(WORDS).upper()}={rand_chars(rng, rng.randint(8, 24), 'printable')};"
+
+
+def utf8_word(rng: random.Random, pools: list[str]) -> str:
+    if rng.random() < 0.3:
+        return rng.choice(UTF8_WORDS)
+    pool = rng.choice(pools)
+    return "".join(rng.choice(pool) for _ in range(rng.randint(1, 8)))
+
+
+def styled_piece(rng: random.Random, style: str, pools: list[str]) -> str:
+    """One piece of filler text of a style: words (the original), mixed, printable, utf8."""
+    if style == "words":
+        return filler_piece(rng)
+    r = rng.random()
+    if style == "mixed":
+        if r < 0.35:
+            return rand_chars(rng, rng.randint(3, 16), "mixed")
+        if r < 0.55:
+            return identifier(rng).title() if rng.random() < 0.3 else identifier(rng)
+        if r < 0.65:
+            return number(rng)
+        ws = [rng.choice(WORDS).capitalize() if rng.random() < 0.3 else rng.choice(WORDS) for _ in range(rng.randint(3, 10))]
+        return " ".join(ws).capitalize() + rng.choice(".!?")
+    if style == "printable":
+        if r < 0.35:
+            return rand_chars(rng, rng.randint(2, 16), "printable")
+        if r < 0.7:
+            return structured(rng)
+        if r < 0.8:
+            return number(rng)
+        ws = [rng.choice(WORDS) for _ in range(rng.randint(3, 10))]
+        return (" ".join(ws).capitalize() + rng.choice(".!?:;") + rng.choice(["", " (", " \"", " [", " -- "]))
+    # utf8: words of the text's scripts and prose mixing them with ASCII
+    if r < 0.6:
+        return " ".join(utf8_word(rng, pools) for _ in range(rng.randint(1, 6)))
+    if r < 0.8:
+        return " ".join(rng.choice(WORDS + UTF8_WORDS) for _ in range(rng.randint(2, 8))) + rng.choice(".!?。")
+    return rng.choice([number(rng), structured(rng), identifier(rng)])
+
+
+STYLES = ("words", "mixed", "printable", "utf8")
+
+
+def styled_filler(rng: random.Random, n_bytes: int, style: str, pools: list[str] | None = None) -> str:
+    """Filler text of at least n_bytes UTF-8 bytes (cut it with ``cut_bytes``)."""
+    if style == "words":
+        return filler(rng, n_bytes)
+    pools = pools or utf8_pool(rng)
+    out, size = [], 0
+    while size < n_bytes:
+        p = styled_piece(rng, style, pools) + rng.choice([" ", " ", " ", "\n", ", ", "; ", " | ", "\t", " — "])
+        out.append(p)
+        size += len(p.encode())
+    return "".join(out)
+
+
+def cut_bytes(text: str, n: int) -> bytes:
+    """The first n bytes of the UTF-8 text (a multi-byte character may be cut at the end)."""
+    return text.encode()[:n]
+
+
+def train_marker(rng: random.Random) -> str:
+    """A marker of any alphabet, 4-64 characters, or a structured line."""
+    r = rng.random()
+    n = rng.randint(24, 40) if rng.random() < 0.5 else rng.randint(4, 64)
+    if r < 0.10:
+        return rand_chars(rng, n, "lower")
+    if r < 0.25:
+        return rand_chars(rng, n, "mixed")
+    if r < 0.45:
+        return rand_chars(rng, n, "printable")
+    if r < 0.85:  # multi-byte text is the hardest to copy byte by byte: the largest share
+        return rand_chars(rng, n, "utf8")
+    return structured(rng)
+
+
+def make_text(rng: random.Random, n: int) -> bytes:
+    """A text of exactly n bytes: usually a marker of any alphabet first, then filler of a
+    random style (any text, not only the eval's), or filler alone."""
+    style = rng.choices(STYLES, weights=(0.15, 0.2, 0.25, 0.4))[0]
+    sep = rng.choice([" ", "\n", ", ", " | ", ": ", "\t"])
     r = rng.random()
     if r < 0.6:
-        m = marker(rng)
-        if len(m) >= n:
-            return m[:n]
-        return (m + rng.choice([" ", "\n", ", ", " | "]) + filler(rng, n))[:n]
+        m = train_marker(rng)
+        if len(m.encode()) >= n:
+            return cut_bytes(m, n)
+        return cut_bytes(m + sep + styled_filler(rng, n, style), n)
     if r < 0.8:  # marker somewhere inside the first bytes, then filler
-        pre = filler(rng, rng.randint(1, 12))
-        return (pre + " " + marker(rng) + " " + filler(rng, n))[:n]
-    return filler(rng, n)
+        pre = styled_filler(rng, rng.randint(1, 12), style)[: rng.randint(1, 12)]
+        return cut_bytes(pre + " " + train_marker(rng) + sep + styled_filler(rng, n, style), n)
+    return cut_bytes(styled_filler(rng, n, style), n)
 
 
 def make_batch(rng: random.Random, n: int, batch: int, copy_tokens: int):
@@ -120,7 +294,7 @@ def make_batch(rng: random.Random, n: int, batch: int, copy_tokens: int):
     full = n <= copy_tokens
     rows = []
     for _ in range(batch):
-        t = list(make_text(rng, n).encode())
+        t = list(make_text(rng, n))
         target = t + [EOS] if full else t[:copy_tokens]
         rows.append([BOS] + t + INSTR_IDS + target)
     ids = torch.tensor(rows, dtype=torch.long)
@@ -177,7 +351,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=HERE / "pagewarden-copy")
     p.add_argument("--minutes", type=float, default=None, help="wall-clock budget")
-    p.add_argument("--steps", type=int, default=10500, help="step budget (deterministic schedule)")
+    p.add_argument("--steps", type=int, default=10500,
+                   help="step budget (deterministic schedule); 0: schedule by --minutes (pilots only, not deterministic)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--hidden", type=int, default=128)
@@ -192,7 +367,7 @@ def main() -> None:
     p.add_argument("--wd", type=float, default=0.01)
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--batch-tokens", type=int, default=4096, help="approx tokens per step")
-    p.add_argument("--copy-tokens", type=int, default=64, help="completion tokens trained for long texts")
+    p.add_argument("--copy-tokens", type=int, default=160, help="completion tokens trained for long texts")
     p.add_argument("--min-len", type=int, default=8)
     p.add_argument("--start-len", type=int, default=48)
     p.add_argument("--max-len", type=int, default=2300)
@@ -227,7 +402,7 @@ def main() -> None:
     step, tokens, loss_acc, acc_acc, n_acc = 0, 0, 0.0, 0.0, 0
     while True:
         elapsed = time.time() - t0
-        if args.steps is not None:
+        if args.steps:
             progress = step / args.steps
             if step >= args.steps or (budget_s is not None and elapsed >= budget_s):
                 break

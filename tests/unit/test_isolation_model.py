@@ -204,7 +204,7 @@ class IsolationMachine(RuleBasedStateMachine):
 
 
 IsolationMachine.TestCase.settings = settings(
-    max_examples=int(os.environ.get('PW_MODEL_EXAMPLES', 120)), stateful_step_count=40, deadline=None,
+    max_examples=int(os.environ.get('PW_MODEL_EXAMPLES', 80)), stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestIsolationModel = IsolationMachine.TestCase
@@ -217,7 +217,7 @@ def test_each_fault_with_its_defence_off_makes_reads_that_are_all_named(fault):
     machine = IsolationMachine()
     machine.start({d: False for d in DEFENCES}, {f: f == fault or f == "skip_scrub" for f in FAULTS})
     flights = []
-    for n in range(16):
+    for n in range(12):
         flight = machine.prefill_a_request(4 + n % 5, 6, fault == "placeholder_on_reject" and n % 2 == 0,
                                            _Draw(n))
         if isinstance(flight, Flight):
