@@ -28,8 +28,11 @@ def test_scenario_rows_hold(name, tmp_path):
         assert rows["all on"].prevented > 0  # the over-long requests were stopped
         both = rows["manifest_check+writer_tag_check off"]  # the incident itself: it happens, all caught
         assert both.reads > 0 and both.caught.get("ownership_violation") == both.readers
-        # the black-box view of the same incident: a victim's marker text in a reader's reply
-        assert both.leaks and {leak["reader"] for leak in both.leaks} <= set(both.reader_ids)
+        # the black-box view of the same incident: a victim's marker text in a reply only where a
+        # read was recorded. Whether a reply carries one here depends on which freed pages the
+        # placeholder got, i.e. on timing (a failure under load, issue 12); that it does when
+        # the pages line up is tests/unit/test_incident_black_box.py, without timing
+        assert {leak["reader"] for leak in both.leaks} <= set(both.reader_ids)
         assert not any(r.leaks for r in results if r.row != both.row)  # a defence on: never
     if name == "stale-block-table":
         off = rows["writer_tag_check off"]
