@@ -195,6 +195,7 @@ def _chunk_messages(manifest: dict, rows: list, per_chunk: int, tags: np.ndarray
         header = {**manifest, "chunk": chunk, "first": first, "count": len(frames),
                   "checksums": [page_checksum(f) for f in frames], "tags": True}
         extras = [memoryview(np.ascontiguousarray(tags[first : first + len(frames)])).cast("B")]
+        header["tags_checksum"] = page_checksum(extras[0])  # I1 trusts them as much as the bytes
         if provenance is not None:
             # the audit's ground truth travels with the data: whose content each token slot holds
             header["prov"] = True
@@ -359,7 +360,7 @@ class TransferReceiver:
         views = [_byte_view(f, rid, sender) for f in frames[1:]]
         first = header["first"] if self.verify_manifest else t.next_page
         span = range(first, min(first + len(views), len(t.page_list)))
-        problem = self._content_problem(t, header, views)
+        problem = self._content_problem(t, header, views) or _tags_problem(header, tags)
         if problem:
             if self.verify_manifest:
                 self._fail(t, problem, sender)
@@ -554,6 +555,15 @@ class TransferReceiver:
         self._ended.move_to_end(request_id)
         if len(self._ended) > _REMEMBERED_ENDINGS:
             self._ended.popitem(last=False)
+
+
+def _tags_problem(header: dict, tags) -> str | None:
+    if tags is None or "tags_checksum" not in header:
+        return None
+    got = page_checksum(np.ascontiguousarray(tags).view(np.uint8).reshape(-1))
+    if got != header["tags_checksum"]:
+        return f"checksum of the token tags is {got:#010x}, sender's {_shown(header['tags_checksum'])}"
+    return None
 
 
 def _split_extras(header: dict, frames: list, page_size: int):

@@ -72,7 +72,7 @@ class Harness:
         for frames in messages:
             frames = [bytes(memoryview(f)) for f in frames]
             if corrupt:
-                frames[-1] = bytes([frames[-1][0] ^ 0xFF]) + frames[-1][1:]
+                frames[1] = bytes([frames[1][0] ^ 0xFF]) + frames[1][1:]  # a page frame
             self.push.send_multipart(frames)
         self.prefill.free(99, grant.pages)
 

@@ -217,6 +217,8 @@ MISMATCHES = {
                     "page_epochs differ at index 0: 9 != reserved 1"),
     "layout dtype": (lambda r, m: _other_dtype(r), "layout dtype 'bfloat16' != 'float32'"),
     "checksum": (lambda r, m: _corrupt_byte(m), "checksum of page"),
+    "tags corrupted": (lambda r, m: [m[0][:-1] + [bytes([bytes(m[0][-1])[0] ^ 1]) + bytes(m[0][-1])[1:]], m[1]],
+                       "checksum of the token tags"),
     "missing frame": (lambda r, m: [m[0][:-2] + m[0][-1:], m[1]], "count 2 != page frames present 1"),
     "truncated frame": (lambda r, m: [[*m[0][:2], bytes(m[0][2])[:-1]], m[1]],
                         "is 1,023 bytes, bytes_per_page is 1,024"),
