@@ -20,6 +20,9 @@ LONG = dict(max_new_tokens=1500, ignore_eos=True)
 
 def _pixel(window, pool: str, page: int):
     pm = window.page_map
+    # the views apply their auto-range on the first paint after a layout change: render once
+    # so that the scene-to-pixel mapping below is the one the sampled frame is drawn with
+    pm.graphics.viewport().grab()
     point = pm.graphics.mapFromScene(pm.scene_pos_of(pool, page))
     c = pm.graphics.viewport().grab().toImage().pixelColor(point)
     return c.red(), c.green(), c.blue()
