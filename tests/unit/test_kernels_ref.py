@@ -301,3 +301,11 @@ def test_importing_kernels_does_not_import_triton():
     code = "import sys, kernels, kernels.backend; sys.exit('triton' in sys.modules)"
     repo = Path(__file__).resolve().parents[2]
     assert subprocess.run([sys.executable, "-c", code], cwd=repo, timeout=120).returncode == 0
+
+
+def test_the_kernels_no_writer_tag_is_the_engines():
+    # kernels/ may not import engine/, so the value is written in both; they must agree
+    from engine.kv.page_tags import NO_WRITER as ENGINE_NO_WRITER
+    from kernels.paged_attention_ref import NO_WRITER as KERNEL_NO_WRITER
+
+    assert KERNEL_NO_WRITER == ENGINE_NO_WRITER == NO_WRITER
