@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from engine.commands.local_server import LocalServer, write_config  # noqa: E402
+from engine.client.local_server import LocalServer, write_config  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.guard.reproduce import run_scenario  # noqa: E402
 
@@ -59,7 +59,7 @@ def engine_run(engine, requests: int, new_tokens: int) -> float:
 
 def engine_overhead(reps: int, requests: int, new_tokens: int) -> tuple[list[float], list[float]]:
     """The audit log's cost on the decode step itself: provenance on against off."""
-    from engine.runner import Engine
+    from engine.core import Engine
 
     base = EngineConfig().replace(model={"device": "cpu"}, engine={"kernels": "torch", "max_batch": requests})
     engines = {on: Engine(base.replace(audit={"provenance": on})) for on in (True, False)}

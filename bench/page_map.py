@@ -5,7 +5,7 @@
 
 Offscreen Qt. Each frame changes a random --change fraction of the big pool's pages (new
 owners from a rolling set of live requests, new states) and as large a share of the
-small pool; the message goes through engine.protocol pack/unpack like telemetry does.
+small pool; the message goes through engine.wire.protocol pack/unpack like telemetry does.
 Timed per frame: apply (unpack + EngineState.apply), index image update (PoolImage),
 setImage (ImageItem), paint (QApplication.processEvents() after refresh: the repaint the
 window's event loop does, ImageItem.render + drawImage of every pool). Goal: median frame
@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import pyqtgraph as pg  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from engine.protocol import pack, page_arrays, unpack  # noqa: E402
+from engine.wire.protocol import pack, page_arrays, unpack  # noqa: E402
 from gui import theme  # noqa: E402
 from gui.model.engine_state import EngineState  # noqa: E402
 from gui.model.page_grid import PoolImage  # noqa: E402

@@ -41,7 +41,7 @@ BENCH_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 
 def ttft_single(reps: int) -> list[float]:
     from engine.config import EngineConfig
     from engine.request import SamplingParams
-    from engine.runner import Engine
+    from engine.core import Engine
 
     engine = Engine(EngineConfig().replace(model={"device": "cpu"}, engine={"kernels": "torch"}))
     times = []

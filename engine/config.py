@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ConfigError
+from engine.wire.defences import DEFENCES, FAULTS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # the trained default: repeats its context, so data that crosses requests shows in the text (issue 7)
@@ -51,27 +52,14 @@ class EngineSection:
     ownership_policy: str = "abort"  # abort | report_only (for measurement)
 
 
-@dataclass(frozen=True)
-class DefencesSection:
-    """The isolation defences. Turning one off needs --allow-faults: it exists to show,
-    one at a time, what the others catch."""
-
-    admission: bool = True  # I2: refuse what cannot fit, before any allocation
-    manifest_check: bool = True  # I3: a transfer must match its reservation
-    writer_tag_check: bool = True  # I1: pages read or written must be the request's own
-    deferred_release: bool = True  # I4: in-flight pages are held until the transfer ends
-    scrub: bool = True  # I5: freed pages are scrubbed per scrub_policy
-
-
-@dataclass(frozen=True)
-class FaultsSection:
-    """Injected bugs (only with --allow-faults): each breaks one defence's assumption."""
-
-    placeholder_on_reject: bool = False  # the incident: a rejected request becomes a 1-token placeholder
-    skip_scrub: bool = False  # freed pages keep their data
-    early_release: bool = False  # decode frees reserved pages before their transfer arrives
-    short_transfer: bool = False  # prefill sends fewer pages than its manifest says
-    stale_block_table: bool = False  # a page-table entry keeps a page freed by another request
+# [defences] and [faults]: one boolean per switch of engine/wire/defences.py (declared there once)
+DefencesSection = dataclasses.make_dataclass(
+    "DefencesSection", [(d.name, bool, field(default=True)) for d in DEFENCES], frozen=True,
+    namespace={"__doc__": "The isolation defences, all on by default. Turning one off needs --allow-faults: it "
+                          "exists to show, one at a time, what the others catch."})
+FaultsSection = dataclasses.make_dataclass(
+    "FaultsSection", [(f.name, bool, field(default=False)) for f in FAULTS], frozen=True,
+    namespace={"__doc__": "Injected bugs (only with --allow-faults): each breaks one defence's assumption."})
 
 
 @dataclass(frozen=True)
@@ -135,6 +123,18 @@ class EngineConfig:
         off = [f"defences.{k} = false" for k, v in dataclasses.asdict(self.defences).items() if not v]
         on = [f"faults.{k} = true" for k, v in dataclasses.asdict(self.faults).items() if v]
         return off + on
+
+    def check_faults_allowed(self, allow_faults: bool) -> None:
+        """Raises ConfigError naming each defence turned off or fault turned on, unless allowed."""
+        dangerous = self.dangerous()
+        if dangerous and not allow_faults:
+            raise ConfigError(f"{', '.join(dangerous)}: turning defences off or faults on needs "
+                              f"`serve --allow-faults` (it exists to reproduce incidents)")
+
+    @property
+    def scrubs_freed_pages(self) -> bool:
+        """I5 in effect: the scrub defence on and the skip_scrub fault off."""
+        return self.defences.scrub and not self.faults.skip_scrub
 
     def replace(self, **sections: dict[str, Any]) -> "EngineConfig":
         """A validated copy with some keys changed, e.g. replace(engine={"page_size": 32})."""

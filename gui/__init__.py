@@ -1,1 +1,2 @@
-"""The desktop app. Imports nothing from engine/ but engine.protocol and engine.client."""
+"""The desktop app. Of the engine it imports only engine.wire, engine.client and engine.adapters
+(the import contracts in pyproject.toml; tests/unit/test_import_rules.py)."""

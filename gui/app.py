@@ -8,7 +8,8 @@ from pathlib import Path
 from PySide6.QtCore import QCoreApplication, QTimer
 from PySide6.QtWidgets import QApplication, QMessageBox
 
-from engine.client.kv_events import KvAttach, KvEventError, check_kv_attach
+from engine.adapters.kv_attach import KvAttach, check_kv_attach
+from engine.adapters.kv_event_decode import KvEventError
 from gui.hosting import HostedEngine
 from gui.main_window import MainWindow
 from gui.transport import TransportThread
@@ -20,7 +21,7 @@ def load_keys(server_key: str | None, client_keys: str | None):
         return None, None
     if not (server_key and client_keys):
         raise ValueError("CURVE needs both --server-key and --client-keys")
-    from engine.client.keys import load_client_keys, load_public_key
+    from engine.wire.curve import load_client_keys, load_public_key
 
     return load_public_key(server_key), load_client_keys(client_keys)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from engine.client.prompt_form import PROMPT_FORM
+from engine.wire.prompt_form import PROMPT_FORM
 
 TENANTS = ("acme", "globex", "initech", "umbrella", "hooli")
 WORDS = ("page", "owner", "epoch", "writer", "tenant", "canary", "scrub", "prefill", "decode", "quarantine",

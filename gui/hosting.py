@@ -8,12 +8,11 @@ attaches to them like to any remote engine. Closing the window stops it cleanly
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 from PySide6.QtCore import QObject, QProcess, Signal
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from engine.client.local_server import REPO_ROOT, serve_command
+
 STOP_TIMEOUT_MS = 15_000
 
 
@@ -36,10 +35,8 @@ class HostedEngine(QObject):
         self.proc.readyReadStandardError.connect(self._read_stderr)
 
     def start(self) -> None:
-        args = [str(REPO_ROOT / "main.py"), "serve", "--bind", "tcp://127.0.0.1:0", "--json", *self.extra_args]
-        if self.config:
-            args += ["--config", self.config]
-        self.proc.start(sys.executable, args)
+        program, *args = serve_command(*self.extra_args, *(["--config", self.config] if self.config else []))
+        self.proc.start(program, args)
 
     @property
     def pid(self) -> int | None:

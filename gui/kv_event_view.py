@@ -17,7 +17,9 @@ import zmq
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QDockWidget, QLabel
 
-from engine.client.kv_events import KvAttach, KvEventError, KvEventWatcher
+from engine.adapters.kv_attach import KvAttach
+from engine.adapters.kv_event_decode import KvEventError
+from engine.adapters.kv_event_watch import KvEventWatcher
 from gui.dialogs.kv_attach_dialog import KvAttachDialog
 from gui.model.kv_event_map import KvEventMap
 from gui.widgets.kv_event_map import KvEventMapWidget

@@ -12,11 +12,18 @@ import time
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import (
-    QApplication, QDockWidget, QMainWindow, QSplitter, QTabWidget, QToolBar, QVBoxLayout, QWidget,
+    QApplication,
+    QDockWidget,
+    QMainWindow,
+    QSplitter,
+    QTabWidget,
+    QToolBar,
+    QVBoxLayout,
+    QWidget,
 )
 
 from engine.client import __version__
-from engine.protocol import READ_ONLY_OPS
+from engine.wire.protocol import READ_ONLY_OPS
 from gui.demo_load import DemoLoad
 from gui.dialogs.about_dialog import AboutDialog
 from gui.dialogs.attach_dialog import AttachDialog
@@ -239,7 +246,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
     def on_status(self, status: dict) -> None:
         self._changed |= self.state.apply_status(status)
         if not self.state.alerts and status.get("alerts"):
-            from engine.protocol import Message
+            from engine.wire.protocol import Message
 
             for record in status["alerts"]:
                 self._changed |= self.state.apply(Message({"topic": "alerts", **record}))

@@ -17,7 +17,8 @@ from dataclasses import replace
 from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import QDockWidget, QLabel
 
-from engine.client.leak_probe import ProbeError, open_probe
+from engine.adapters.leak_probe import open_probe
+from engine.adapters.openai_http import ProbeError
 from gui.dialogs.probe_dialog import ProbeDialog
 from gui.model.engine_state import AlertRow
 from gui.model.probe_schedule import ALERT_PREFIX, ProbeRequest, ProbeSchedule

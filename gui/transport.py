@@ -18,7 +18,8 @@ import zmq
 from PySide6.QtCore import QThread, Signal
 
 from engine.client import EngineClient, TelemetrySubscriber
-from engine.protocol import ProtocolError, unpack
+from engine.wire.protocol import ProtocolError, unpack
+from engine.wire.sockets import drain
 
 POLL_MS = 20
 BATCH_S = 0.05
@@ -163,12 +164,9 @@ class TransportThread(QThread):
 
 def _drain(sock: zmq.Socket) -> list:
     out = []
-    while True:
-        try:
-            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            return out
+    for frames in drain(sock):
         try:
             out.append(unpack(frames))
         except ProtocolError:
             continue
+    return out

@@ -66,7 +66,7 @@ class DecodePlan:
     foreign: torch.Tensor | None = None  # [B, P * page_size] bool (check_tags only): foreign slots
 
 
-NO_WRITER = -1  # the tag of a slot nothing wrote since its last scrub (engine.kv.page_tags)
+NO_WRITER = -1  # the tag of a slot nothing wrote since its last scrub (engine.wire.page_tags)
 
 
 def plan_decode(block_table, expected_tags, seq_lens, token_writer, page_size: int,

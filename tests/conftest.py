@@ -40,7 +40,7 @@ def tiny_model():
 def make_engine(tiny_model):
     """make_engine(context_window=..., prefill_pages=..., decode_pages=..., **engine_keys)."""
     from engine.config import EngineConfig
-    from engine.runner import Engine
+    from engine.core import Engine
 
     def make(*, prefill_pages: int = 256, decode_pages: int = 256, defences=None, faults=None,
              **engine_keys) -> Engine:

@@ -28,9 +28,14 @@ from dataclasses import dataclass
 import zmq
 
 from engine.adapters.kv_event_decode import (
-    MAX_PAYLOAD_BYTES, KvEventError, check_dialect, decode_frames, decode_replay_frames,
+    MAX_PAYLOAD_BYTES,
+    KvEventError,
+    check_dialect,
+    decode_frames,
+    decode_replay_frames,
 )
 from engine.adapters.kv_event_state import KvEventState
+from engine.wire.sockets import drain
 
 REPLAY_TIMEOUT_MS = 2000
 MAX_DRAIN = 10_000  # messages taken from one socket per poll, so one stream cannot starve others
@@ -126,11 +131,7 @@ class KvEventWatcher:
         for stream in self._streams:
             if stream.sub not in ready:
                 continue
-            for _ in range(MAX_DRAIN):
-                try:
-                    frames = stream.sub.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
+            for frames in drain(stream.sub, MAX_DRAIN, copy=True):
                 self._receive(stream, frames)
                 taken += 1
         return taken

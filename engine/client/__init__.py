@@ -1,6 +1,6 @@
 """The one way into an engine: submit, stream, status, control, subscribe.
 
-The GUI and the CLI use this package; it imports no torch.
+The GUI and the CLI use this package; it imports no torch (an import contract).
 """
 
 from engine import __version__

@@ -37,7 +37,7 @@ def connect(args):
 
     server_key = client_keys = None
     if args.server_key or args.client_key:
-        from engine.client.keys import load_client_keys, load_public_key
+        from engine.wire.curve import load_client_keys, load_public_key
 
         if not (args.server_key and args.client_key):
             raise ValueError("CURVE needs both --server-key and --client-key")

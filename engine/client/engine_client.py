@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import zmq
 
-from engine.protocol import Message, ProtocolError, pack, unpack
-from engine.server.sockets import harden
+from engine.wire.protocol import Message, ProtocolError, pack, unpack
+from engine.wire.sockets import drain, harden
 
 STREAM_END = ("done", "error")
 
@@ -41,7 +41,7 @@ class EngineClient:
         if server_key is not None or client_keys is not None:
             if server_key is None or client_keys is None:
                 raise ValueError("CURVE needs both the server's public key and a client key pair")
-            from engine.server.auth import secure_client
+            from engine.wire.curve import secure_client
 
             secure_client(self.sock, server_key, *client_keys)
         self.sock.connect(endpoint)
@@ -78,11 +78,7 @@ class EngineClient:
             if left <= 0 or not self.sock.poll(int(left * 1000) + 1):
                 raise TimeoutError(f"no answer from the engine at {self.endpoint} within "
                                    f"{self.timeout_s if timeout_s is None else timeout_s:.1f} s")
-            while True:
-                try:
-                    frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
+            for frames in drain(self.sock):
                 try:
                     msg = unpack(frames)
                 except ProtocolError:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.protocol import PAGE_FIELDS, Message, ProtocolError, check_page_arrays
+from engine.wire.protocol import PAGE_FIELDS, Message, ProtocolError, check_page_arrays
 
 
 @dataclass

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import zmq
 
-from engine.protocol import Message, ProtocolError, unpack
-from engine.server.sockets import harden
+from engine.wire.protocol import Message, ProtocolError, unpack
+from engine.wire.sockets import drain, harden
 
 
 class TelemetrySubscriber:
@@ -16,7 +16,7 @@ class TelemetrySubscriber:
         self.ctx = context or zmq.Context()
         self.sock = harden(self.ctx.socket(zmq.SUB), "telemetry")
         if server_key is not None:
-            from engine.server.auth import secure_client
+            from engine.wire.curve import secure_client
 
             secure_client(self.sock, server_key, *client_keys)
         for topic in topics:
@@ -31,15 +31,12 @@ class TelemetrySubscriber:
         return self.recv_nowait()
 
     def recv_nowait(self) -> Message | None:
-        while True:
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return None
+        for frames in drain(self.sock):
             try:
                 return unpack(frames[1:])
             except ProtocolError:
                 self.dropped += 1
+        return None
 
     def close(self) -> None:
         self.sock.close(linger=0)

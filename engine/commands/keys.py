@@ -21,7 +21,7 @@ def register(sub) -> None:
 
 
 def cmd_keys_generate(args) -> int:
-    from engine.server.auth import generate_keys
+    from engine.wire.curve import generate_keys
 
     try:
         written = generate_keys(Path(args.dir), clients=args.clients, overwrite=args.force)

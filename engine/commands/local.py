@@ -60,7 +60,7 @@ def cmd_generate(args) -> int:
         config = load_config(args)
         from engine.model.load import load_model
         from engine.request import SamplingParams
-        from engine.runner import Engine
+        from engine.core import Engine
 
         model = load_model(
             config.model.resolved_path(), dtype=config.model.dtype, device=config.model.device,

@@ -1,5 +1,5 @@
 """`probe --url URL`: look, from outside, for one request's data in another's reply
-through an OpenAI-compatible HTTP API (see engine.guard.leak_probe for what each round
+through an OpenAI-compatible HTTP API (see engine.adapters.leak_probe for what each round
 sends and why). Exit 1 on any finding, 0 on none, 2 for bad arguments or a server that
 cannot be probed."""
 
@@ -61,7 +61,7 @@ def register(sub) -> None:
 
 def check_args(args) -> str | None:
     """The API key (or None). Raises ValueError naming the value and the limit."""
-    from engine.http.options import is_loopback
+    from engine.wire.sockets import is_loopback_host
 
     for name, value, low, high in (("--rounds", args.rounds, 1, MAX_ROUNDS),
                                    ("--followups", args.followups, 1, MAX_FOLLOWUPS),
@@ -75,7 +75,7 @@ def check_args(args) -> str | None:
     parts = urlsplit(args.url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"--url {args.url!r} must be http://HOST[:PORT] or https://HOST[:PORT]")
-    if not is_loopback(parts.hostname) and not args.allow_remote:
+    if not is_loopback_host(parts.hostname) and not args.allow_remote:
         raise ValueError(f"--url host {parts.hostname} is not loopback; pass --allow-remote to probe it")
     if not args.api_key_env:
         return None
@@ -87,7 +87,7 @@ def check_args(args) -> str | None:
 
 def long_tokens_for(args, window: int) -> int:
     """--long-tokens, or its default, checked against the window. Raises ValueError."""
-    from engine.guard.leak_probe import MARKER_REPLY_TOKENS
+    from engine.adapters.leak_probe import MARKER_REPLY_TOKENS
 
     high = window - MARKER_REPLY_TOKENS
     value = args.long_tokens if args.long_tokens is not None else min(512, window - 64)
@@ -98,8 +98,8 @@ def long_tokens_for(args, window: int) -> int:
 
 
 def cmd_probe(args) -> int:
+    from engine.adapters.leak_probe import LeakProbe, served_model
     from engine.adapters.openai_http import OpenAIHttp, ProbeError
-    from engine.guard.leak_probe import LeakProbe, served_model
 
     try:
         key = check_args(args)

@@ -39,7 +39,7 @@ def cmd_serve(args) -> int:
         if args.curve:
             import zmq
 
-            from engine.server.auth import CurveServer
+            from engine.wire.curve import CurveServer
 
             if not args.keys:
                 raise ValueError("--curve needs --keys DIR (create one with `python main.py keys generate DIR`)")

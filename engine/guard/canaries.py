@@ -15,9 +15,10 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from engine.client.prompt_form import PROMPT_FORM
+from engine.wire.prompt_form import PROMPT_FORM
+from engine.wire.protocol import CANARY_TENANT
 
-TENANT = "canary"
+TENANT = CANARY_TENANT
 ALPHABET = string.ascii_lowercase + string.digits
 KEEP = 256  # canaries remembered for the detectors
 MAX_LIVE = 2  # scheduled canaries wait while this many are still running: probes, not load

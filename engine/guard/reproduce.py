@@ -15,13 +15,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.commands.local_server import LocalServer, write_config
+from engine.client.local_server import LocalServer, write_config
 from engine.config import EngineConfig
 from engine.guard.scenarios import SCENARIOS, Scenario, config_sections, defences_for
+from engine.wire.alert_kinds import DETECTORS, ISOLATION_KINDS
+from engine.wire.protocol import CANARY_TENANT
 
-DETECTORS = ("ownership_violation", "transfer_mismatch", "late_write_landed", "late_write_dropped",
-             "canary_leak", "canary_marker_in_output", "admission_rejected", "transfer_timeout")
-ISOLATION_ALERTS = tuple(d for d in DETECTORS if d != "admission_rejected")
 POLL_S = 2.0  # how often a slow answer makes us check the engine is still alive
 FRAGMENT = 6  # marker characters in a row that count as its text leaking (36**6 = 2.2e9 strings)
 SETTLE_S = 0.6  # let the decode workers' last isolation reports reach the supervisor
@@ -88,7 +87,7 @@ def run_row(client, scenario: Scenario, row: str, rng: random.Random, scale: flo
     named = {r["reader"] for r in truth} | {r.get("source") for r in truth} | {p["reader"] for p in pairs}
     audits = {rid: client.audit(rid)["events"] for rid in [*ids, *sorted(n for n in named - set(ids) if n)]}
     touched = {rid for rid, w in zip(ids, work) if _fault_touched(scenario, w)}
-    touched |= {rid for rid in audits if rid not in ids and _fault_touched(scenario, {"tenant": "canary"})}
+    touched |= {rid for rid in audits if rid not in ids and _fault_touched(scenario, {"tenant": CANARY_TENANT})}
     result = _tabulate(scenario, row, ids, truth, pairs, audits, touched)
     result.leaks = marker_leaks(ids, work, ends)
     result.passed, result.why = _verdict(scenario, row, result, result.detected)
@@ -202,7 +201,7 @@ def _verdict(scenario: Scenario, row: str, r: RowResult, detected: dict) -> tupl
         return False, f"{r.missed} reader(s) of other requests' data went undetected"
     if r.false_positives:
         return False, f"{r.false_positives} false positive(s)"
-    if not scenario.faults and any(detected.get(k) for k in ISOLATION_ALERTS):
+    if not scenario.faults and any(detected.get(k) for k in ISOLATION_KINDS):
         return False, "alerts on a clean run"
     return True, ""
 

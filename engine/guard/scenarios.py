@@ -10,9 +10,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.guard.canaries import PROMPT_FORM
+from engine.wire.defences import DEFENCE_NAMES as DEFENCES
+from engine.wire.prompt_form import PROMPT_FORM
 
-DEFENCES = ("admission", "manifest_check", "writer_tag_check", "deferred_release", "scrub")
 PAGE = 16
 WINDOW = 2048
 PREFILL_PAGES = 83  # 1,328 tokens: 64.8% of the 2,048-token window, as 681,280 / 1,048,576

@@ -2,7 +2,7 @@
 
 Every message carries an `id`; a reader task hands each answer to the queue of the call
 or stream waiting for that id, so any number of HTTP requests share one socket. msgpack
-only (engine.protocol), never pickle.
+only (engine.wire.protocol), never pickle.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 import zmq
 import zmq.asyncio
 
-from engine.protocol import Message, ProtocolError, pack, unpack
-from engine.server.sockets import harden
+from engine.wire.protocol import Message, ProtocolError, pack, unpack
+from engine.wire.sockets import harden
 
 STREAM_END = ("done", "error")
 
@@ -35,7 +35,7 @@ class EngineLink:
         self.ctx = zmq.asyncio.Context()
         self.sock = harden(self.ctx.socket(zmq.DEALER), "control")
         if curve is not None:
-            from engine.server.auth import secure_client
+            from engine.wire.curve import secure_client
 
             secure_client(self.sock, *curve)
         self.sock.connect(endpoint)

@@ -7,7 +7,7 @@ something that provides both.
 
 from __future__ import annotations
 
-import ipaddress
+from engine.wire.sockets import is_loopback_host
 
 MAX_PORT = 65535
 
@@ -24,22 +24,13 @@ def add_http_args(parser) -> None:
                         "authentication in front of it)")
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name other than localhost may resolve anywhere
-
-
 def check_http_args(args) -> None:
     """Raises ValueError naming the value and the limit for a bad port or a refused host."""
     if args.http_port is None:
         return
     if not 0 <= args.http_port <= MAX_PORT:
         raise ValueError(f"--http-port {args.http_port} is outside 0..{MAX_PORT} (0 picks a free port)")
-    if not is_loopback(args.http_host) and not args.http_allow_remote:
+    if not is_loopback_host(args.http_host) and not args.http_allow_remote:
         raise ValueError(f"--http-host {args.http_host} is not a loopback address and HTTP has no CURVE "
                          "(no encryption, no client authentication); pass --http-allow-remote to serve it anyway")
 
@@ -56,7 +47,7 @@ def start_http(args, control_endpoint: str):
     if getattr(args, "curve", False):
         from pathlib import Path
 
-        from engine.server.auth import load_client_keys, load_public_key
+        from engine.wire.curve import load_client_keys, load_public_key
 
         curve = (load_public_key(Path(args.keys) / "server.key"), *load_client_keys(args.keys))
     frontend = HttpFrontend(control_endpoint, args.http_host, args.http_port, curve=curve)

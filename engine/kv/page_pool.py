@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from engine.errors import ConfigError, IsolationError, PoolExhausted
-from engine.kv.page_tags import FREE_OWNER, NO_WRITER, PageState
+from engine.wire.page_tags import FREE_OWNER, NO_WRITER, PageState
 
 SCRUB_VALUES = {"zero": 0.0, "poison": float("nan")}
 MAX_SLOT = (1 << 31) - 1

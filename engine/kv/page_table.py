@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.kv.page_tags import pack_tag
+from engine.wire.page_tags import pack_tag
 
 if TYPE_CHECKING:  # the supervisor uses page tables' neighbours without importing torch
     from engine.kv.page_pool import PageGrant

@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
+from engine.wire.alert_kinds import alert_kind, check_severity
+
 QUIET_RESOLVE_S = 60.0
 MAX_ALERTS = 1_000
 MAX_LISTED = 50  # requests / pages kept per alert
@@ -65,6 +67,7 @@ class AlertBook:
         return [dict(r) for r in self.alerts.values()]
 
     def _set(self, state, kind, severity, detail, subject, condition, requests, pages, fields) -> dict:
+        alert_kind(kind), check_severity(severity)  # a kind or severity not declared is a bug: raise
         aid = _alert_id(kind, subject)
         now = time.time()
         record = self.alerts.get(aid)

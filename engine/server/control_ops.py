@@ -9,11 +9,10 @@ from engine import __version__
 from engine.admission import check_admission, check_prompt_ids
 from engine.capacity import check_capacity, exceeding
 from engine.errors import AdmissionRejected, ConfigError, InvalidRequest, PageWardenError
-from engine.protocol import CLIENT_OPS, Message, ProtocolError, field_of, pack, reply
 from engine.request import SamplingParams
 from engine.server.request_record import Phase, RequestRecord
-from engine.server.supervisor import check_faults_allowed
 from engine.server.worker_handle import WorkerState
+from engine.wire.protocol import CANARY_TENANT, CLIENT_OPS, Message, ProtocolError, field_of, pack, reply
 
 MAX_PROMPT_TOKENS = 1 << 21
 # Settings a worker applies between steps; anything else in [engine] or [pools] restarts it.
@@ -46,7 +45,7 @@ class ControlOps:
         try:
             params = self._params(msg)
             prompt = self._prompt(msg, request_id)
-            existing = sup.requests.get(request_id)
+            existing = sup.book.get(request_id)
             if existing is not None and not existing.done:
                 raise InvalidRequest(f"request id {request_id!r} is already in use")
             SamplingParams(**{k: v for k, v in params.items() if k != "stream"}).validate(request_id)
@@ -70,9 +69,7 @@ class ControlOps:
         """Queue an admitted request, log it (never its text) and tell its client."""
         sup = self.sup
         rec = RequestRecord(request_id, slot, tenant, prompt, params, identity, msg_id)
-        sup.requests[request_id] = rec
-        sup.slot_requests[slot] = request_id
-        sup.queue.append(request_id)
+        sup.book.admit(rec)
         sup.counters["admitted"] += 1
         sup.audit.record(request_id, "admitted", slot=slot, prompt_len=len(prompt), prompt_hash=rec.prompt_hash,
                          max_new_tokens=params["max_new_tokens"], tenant=tenant, data_tier=data_tier,
@@ -139,7 +136,7 @@ class ControlOps:
     def op_cancel(self, identity: bytes, msg: Message) -> None:
         sup = self.sup
         rid = field_of(msg, "request_id", "str")
-        rec = sup.requests.get(rid)
+        rec = sup.book.get(rid)
         if rec is None or rec.done:
             raise InvalidRequest(f"request {rid!r} is not running")
         rec.cancel_requested = True
@@ -204,7 +201,7 @@ class ControlOps:
         prompt = prompt[:max(1, room)]
         book.add(request_id, slot, marker, marker_ids)
         sup.counters["canaries"] += 1
-        return self.accept(request_id, slot, prompt, params, "canary", None, None, data_tier="canary")
+        return self.accept(request_id, slot, prompt, params, CANARY_TENANT, None, None, data_tier=CANARY_TENANT)
 
     def op_canary(self, identity: bytes, msg: Message) -> None:
         rec = self.fire_canary()
@@ -231,7 +228,7 @@ class ControlOps:
         since = field_of(msg, "since", "float", default=0.0)
         requests, other = [], []
         for subject, events in sup.audit.since(since):
-            rec = sup.requests.get(subject)
+            rec = sup.book.get(subject)
             if rec is not None:
                 requests.append({**rec.describe(), "events": events})
             elif events[0]["event"] in ("rejected", "admitted"):
@@ -261,7 +258,7 @@ class ControlOps:
 
     def op_audit(self, identity: bytes, msg: Message) -> None:
         rid = field_of(msg, "request_id", "str")
-        rec = self.sup.requests.get(rid)
+        rec = self.sup.book.get(rid)
         self._reply(identity, msg, {"request_id": rid, "events": self.sup.audit.events(rid),
                                     "request": rec.describe() if rec else None})
 
@@ -316,7 +313,7 @@ class ControlOps:
             new = sup.config.replace(**changes)
         except (ConfigError, TypeError, AttributeError) as exc:
             raise ConfigError(f"reconfigure refused: {exc}") from None
-        check_faults_allowed(new, sup.allow_faults)
+        new.check_faults_allowed(sup.allow_faults)
         findings = check_capacity(new, model_max_positions=sup.model_config.max_position_embeddings)
         restart = self._needs_restart(sup.config, new)
         result = {

@@ -21,17 +21,18 @@ import zmq
 from engine.capacity import check_capacity, exceeding
 from engine.config import EngineConfig
 from engine.errors import ConfigError, PageWardenError, WorkerCrashed, WorkerStopped
-from engine.model.config import read_model_config
-from engine.protocol import ProtocolError, error_reply, pack, unpack
 from engine.guard.canaries import CanaryBook
 from engine.guard.read_log import ReadLog
+from engine.model.config import read_model_config
 from engine.server.alerts import AlertBook
 from engine.server.audit import AuditLog
 from engine.server.metrics import MetricsWindow
+from engine.server.request_book import RequestBook
 from engine.server.request_record import Phase, RequestRecord
-from engine.server.sockets import bind_endpoint, harden
 from engine.server.telemetry import TelemetryPublisher
 from engine.server.worker_handle import WorkerHandle, WorkerState
+from engine.wire.protocol import CANARY_TENANT, ProtocolError, error_reply, pack, unpack
+from engine.wire.sockets import bind_endpoint, drain, harden
 
 DEFAULT_BIND = "tcp://127.0.0.1:5650"
 HEARTBEAT_TIMEOUT_S = 30.0  # only for hung workers: a dead one is seen at once by its exit
@@ -47,19 +48,19 @@ CAPACITY_PERIOD_S = 10.0
 class Supervisor:
     def __init__(self, config: EngineConfig, *, bind: str = DEFAULT_BIND, telemetry_bind: str | None = None,
                  curve=None, allow_faults: bool = False):
-        """curve: an engine.server.auth.CurveServer, or None for plaintext (loopback only).
+        """curve: an engine.wire.curve.CurveServer, or None for plaintext (loopback only).
         allow_faults: defences may be turned off and faults on (reproducing incidents).
 
         Raises ConfigError when strict capacity is on and the window exceeds a pool, when a
         defence is off or a fault on without allow_faults, or a non-loopback endpoint is
         asked for without CURVE."""
-        from engine.server.auth import check_bind_policy
+        from engine.wire.curve import check_bind_policy
 
         check_bind_policy(bind, curve is not None)
         if telemetry_bind:
             check_bind_policy(telemetry_bind, curve is not None)
         self.allow_faults = allow_faults
-        check_faults_allowed(config, allow_faults)
+        config.check_faults_allowed(allow_faults)
         self.config = config
         self.curve = curve
         self.model_config = read_model_config(config.model.resolved_path())
@@ -91,14 +92,10 @@ class Supervisor:
         self.metrics = MetricsWindow()
         self.audit = AuditLog()
         self.counters: Counter[str] = Counter()
-        self.requests: dict[str, RequestRecord] = {}
-        self.queue: deque[str] = deque()  # admitted, waiting for a decode worker
-        self.awaiting_prefill: deque[str] = deque()  # reserved, waiting for a prefill worker
-        self.reserving: set[str] = set()  # reserve sent, no answer yet
+        self.book = RequestBook()  # every request, and the one place a phase changes
         self.progressed: set[str] = set()  # requests with new tokens since the last update
         self.pending_metadata: dict[int, tuple[bytes, object]] = {}
         self.pending_truth: dict[int, dict] = {}
-        self.slot_requests: dict[int, str] = {}
         self.prompt_log: deque[dict] = deque(maxlen=100_000)
         self.slots = itertools.count(1)
         self.ask_ids = itertools.count(1)
@@ -148,11 +145,7 @@ class Supervisor:
         self.periodic()
 
     def _drain(self, sock: zmq.Socket, handler) -> None:
-        for _ in range(10_000):  # bounded so one busy socket cannot starve the others
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        for frames in drain(sock):
             identity, body = frames[0].bytes, frames[1:]
             try:
                 handler(identity, unpack(body) if body else None, body)
@@ -219,21 +212,19 @@ class Supervisor:
         # Reserve decode pages only for requests a prefill worker can take soon: pages held
         # for a request that waits on a missing prefill worker would be held for nothing.
         prefill_room = sum(max_batch - len(w.inflight) for w in self.role_workers("prefill") if w.accepting)
-        prefill_room -= len(self.awaiting_prefill) + len(self.reserving)
-        while self.queue and prefill_room > 0:
-            rec = self.requests[self.queue[0]]
+        prefill_room -= len(self.book.awaiting_prefill) + len(self.book.reserving)
+        while self.book.queue and prefill_room > 0:
+            rec = self.book[self.book.queue[0]]
             need = -(-(rec.prompt_len + rec.params["max_new_tokens"]) // page_size)
             decode = [w for w in self.role_workers("decode")
                       if w.accepting and len(w.inflight) < max_batch and w.free_pages >= need]
             if not decode:
                 return self._dispatch_prefill()  # first come, first served: the head waits
             worker = max(decode, key=lambda w: w.free_pages)
-            self.queue.popleft()
+            self.book.reserve(rec, worker.name)
             prefill_room -= 1
-            self.reserving.add(rec.request_id)
             worker.inflight.add(rec.request_id)
             worker.stats["free_pages"] = worker.free_pages - need  # until its next report
-            rec.phase, rec.decode_worker = Phase.RESERVING, worker.name
             self.to_worker(worker, {"op": "reserve", "request_id": rec.request_id, "slot": rec.slot,
                                     "prompt_ids": rec.prompt_ids, "params": rec.params, "tenant": rec.tenant})
             self.audit.record(rec.request_id, "reserve_sent", worker=worker.name)
@@ -242,14 +233,13 @@ class Supervisor:
 
     def _dispatch_prefill(self) -> None:
         max_jobs = self.config.engine.max_batch
-        while self.awaiting_prefill:
+        while (rec := self.book.next_for_prefill()) is not None:
             prefill = [w for w in self.role_workers("prefill") if w.accepting and len(w.inflight) < max_jobs]
             if not prefill:
                 return
-            rec = self.requests[self.awaiting_prefill.popleft()]
             worker = min(prefill, key=lambda w: len(w.inflight))
             worker.inflight.add(rec.request_id)
-            rec.phase, rec.prefill_worker = Phase.PREFILLING, worker.name
+            self.book.prefill(rec, worker.name)
             # placeholder_on_reject fault: the prefill side gets a one-token stand-in
             prompt = rec.prompt_ids[:1] if rec.placeholder else rec.prompt_ids
             self.to_worker(worker, {
@@ -266,22 +256,17 @@ class Supervisor:
     # ---- ending requests --------------------------------------------------------------
     def finish(self, rec: RequestRecord, phase: Phase, reason: str, error: dict | None = None) -> None:
         """End a request once: tell its client, free the workers' slots, record, publish."""
-        if rec.done:
-            return
         now = time.monotonic()
-        rec.phase, rec.finish_reason, rec.error, rec.finished_at = phase, reason, error, now
+        if not self.book.end(rec, phase, reason, error, now):
+            return
         for name in (rec.decode_worker, rec.prefill_worker):
             if name in self.workers:
                 self.workers[name].inflight.discard(rec.request_id)
-        for q in (self.queue, self.awaiting_prefill):
-            if rec.request_id in q:
-                q.remove(rec.request_id)
-        self.reserving.discard(rec.request_id)
         if rec.first_token_at is not None and len(rec.output_ids) > 1:
             self.metrics.add_tpot((now - rec.first_token_at) / (len(rec.output_ids) - 1), now)
         self.counters[phase.value] += 1
         self.audit.record(rec.request_id, phase.value, reason=reason, error=error, tokens=len(rec.output_ids))
-        if rec.tenant == "canary":
+        if rec.tenant == CANARY_TENANT:
             self.canaries.finished(rec.request_id)
         elif rec.output_ids:
             for canary in self.canaries.markers_in(rec.output_ids, exclude_slot=rec.slot):
@@ -297,19 +282,12 @@ class Supervisor:
                 "decode_worker": rec.decode_worker, "prefill_worker": rec.prefill_worker,
             }))
         self.publish_request(rec)
-        self._forget_old()
-
-    def _forget_old(self, keep: int = 10_000) -> None:
-        if len(self.requests) > 2 * keep:
-            done = [rid for rid, r in self.requests.items() if r.done]
-            for rid in done[: len(self.requests) - keep]:
-                self.slot_requests.pop(self.requests[rid].slot, None)
-                del self.requests[rid]
+        self.book.forget_old()
 
     def fail_worker_requests(self, worker: WorkerHandle, error_cls, why: str) -> None:
         """A worker stopped or died: end its requests and unwind the other side of each."""
         for rid in list(worker.inflight):
-            rec = self.requests.get(rid)
+            rec = self.book.get(rid)
             worker.inflight.discard(rid)
             if rec is None or rec.done:
                 continue
@@ -397,7 +375,7 @@ class Supervisor:
         if self.progressed and now - self._last.get("progress", 0.0) >= PROGRESS_PERIOD_S:
             self._last["progress"] = now
             for rid in self.progressed:
-                rec = self.requests.get(rid)
+                rec = self.book.get(rid)
                 if rec is not None and not rec.done:
                     self.publish_request(rec)  # token counts and TTFT of running requests
             self.progressed.clear()
@@ -412,14 +390,14 @@ class Supervisor:
         self.alerts.expire()
 
     def load(self) -> dict:
-        running = sum(1 for r in self.requests.values() if r.phase == Phase.DECODING)
+        running = self.book.running()
         pools = {}
         for w in self.workers.values():
             pool = w.info.get("pool")
             if pool:
                 pools[pool["name"]] = {"role": w.role, "pages": pool["pages"],
                                        "used_pages": w.stats.get("used_pages", 0)}
-        return {"queue_depth": len(self.queue) + len(self.awaiting_prefill), "running": running, "pools": pools}
+        return {"queue_depth": self.book.waiting(), "running": running, "pools": pools}
 
     def publish_workers(self) -> None:
         self._last["workers"] = time.monotonic()
@@ -473,14 +451,6 @@ class Supervisor:
             return self.tokenizer.decode(ids)
         except PageWardenError:
             return None
-
-
-def check_faults_allowed(config: EngineConfig, allow_faults: bool) -> None:
-    """Raises ConfigError naming each defence turned off or fault turned on, unless allowed."""
-    dangerous = config.dangerous()
-    if dangerous and not allow_faults:
-        raise ConfigError(f"{', '.join(dangerous)}: turning defences off or faults on needs "
-                          f"`serve --allow-faults` (it exists to reproduce incidents)")
 
 
 def _next_port(endpoint: str) -> str:

@@ -12,8 +12,8 @@ from collections import deque
 
 import zmq
 
-from engine.protocol import pack
-
+from engine.wire.protocol import pack
+from engine.wire.sockets import drain
 
 RECENT_MESSAGES = 50_000
 
@@ -70,11 +70,8 @@ class TelemetryPublisher:
     def drain_subscriptions(self) -> bool:
         """Read (un)subscribe messages; returns True when interest in pages changed."""
         before = self.wants_pages()
-        while True:
-            try:
-                frame = self.sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        for frames in drain(self.sock, copy=True):
+            frame = frames[0]
             if frame[:1] == b"\x01":
                 self.subscriptions.add(frame[1:])
             elif frame[:1] == b"\x00":

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from engine.protocol import Message, ProtocolError, field_of
 from engine.server.request_record import Phase
 from engine.server.worker_handle import WorkerHandle, WorkerState
+from engine.wire.protocol import Message, ProtocolError, field_of
 
 
 class WorkerEvents:
@@ -53,20 +53,18 @@ class WorkerEvents:
 
     # ---- request flow -----------------------------------------------------------------
     def _record(self, msg: Message):
-        return self.sup.requests.get(field_of(msg, "request_id", "str"))
+        return self.sup.book.get(field_of(msg, "request_id", "str"))
 
     def on_reserved(self, worker: WorkerHandle, msg: Message) -> None:
         sup, rec = self.sup, self._record(msg)
         worker.stats["free_pages"] = field_of(msg, "free_pages", "int")
-        sup.reserving.discard(field_of(msg, "request_id", "str"))
+        sup.book.answered(field_of(msg, "request_id", "str"))
         if rec is None or rec.done or rec.cancel_requested:
             # ended while reserving: no prefill job was ever sent, so the pages may go now
             sup.to_worker(worker, {"op": "release", "request_id": field_of(msg, "request_id", "str")})
             return
-        rec.reservation = field_of(msg, "reservation", "map")
+        sup.book.reserved(rec, field_of(msg, "reservation", "map"))
         rec.pages[worker.name] = field_of(msg, "pages", "int")
-        rec.phase = Phase.AWAITING_PREFILL
-        sup.awaiting_prefill.append(rec.request_id)
         sup.audit.record(rec.request_id, "reserved", worker=worker.name, epoch=rec.reservation.get("epoch"),
                          pages=rec.reservation.get("pages"))
 
@@ -74,13 +72,12 @@ class WorkerEvents:
         sup, rec = self.sup, self._record(msg)
         worker.stats["free_pages"] = field_of(msg, "free_pages", "int")
         worker.inflight.discard(field_of(msg, "request_id", "str"))
-        sup.reserving.discard(field_of(msg, "request_id", "str"))
+        sup.book.answered(field_of(msg, "request_id", "str"))
         if rec is not None and not rec.done and msg.get("final"):
             error = field_of(msg, "error", "map")
             sup.finish(rec, Phase.FAILED, str(error.get("code", "error")), error)
         elif rec is not None and not rec.done:
-            rec.phase, rec.decode_worker = Phase.QUEUED, None
-            sup.queue.appendleft(rec.request_id)  # it keeps its place in line
+            sup.book.reserve_failed(rec)  # back to the head of the line
             sup.audit.record(rec.request_id, "reserve_failed", worker=worker.name)
 
     def on_prefilled(self, worker: WorkerHandle, msg: Message) -> None:
@@ -110,7 +107,7 @@ class WorkerEvents:
         if rec is None or rec.done:
             return
         if ok:
-            rec.phase = Phase.DECODING
+            sup.book.decoding(rec)
             sup.publish_request(rec)
         else:
             error = field_of(msg, "error", "map")
@@ -123,7 +120,7 @@ class WorkerEvents:
         total = 0
         for item in field_of(msg, "items", "list"):
             rid, tokens = item
-            rec = sup.requests.get(rid)
+            rec = sup.book.get(rid)
             if rec is None or rec.done:
                 continue
             if rec.first_token_at is None:
@@ -138,7 +135,7 @@ class WorkerEvents:
         sup.metrics.add_tokens(total, now)
         sup.counters["tokens"] += total
         for rid, reason, error in field_of(msg, "finished", "list"):
-            rec = sup.requests.get(rid)
+            rec = sup.book.get(rid)
             worker.inflight.discard(rid)
             if rec is not None:
                 phase = Phase.FINISHED if error is None else Phase.FAILED
@@ -185,7 +182,7 @@ class WorkerEvents:
         sup.counters["isolation_events"] += 1
 
     def _request_of(self, slot) -> str | None:
-        return self.sup.slot_requests.get(int(slot)) if isinstance(slot, int) else None
+        return self.sup.book.slot_owner(int(slot)) if isinstance(slot, int) else None
 
     def _ownership(self, worker: WorkerHandle, event: dict) -> None:
         sup = self.sup
@@ -247,7 +244,7 @@ class WorkerEvents:
             self.finish_truth(msg.get("ask_id"))
 
     def finish_truth(self, ask_id) -> None:
-        from engine.protocol import pack
+        from engine.wire.protocol import pack
 
         pending = self.sup.pending_truth.pop(ask_id)
         for read in pending["reads"]:
@@ -257,7 +254,7 @@ class WorkerEvents:
                                                     "result": {"reads": pending["reads"]}}))
 
     def on_page_metadata(self, worker: WorkerHandle, msg: Message) -> None:
-        from engine.protocol import pack
+        from engine.wire.protocol import pack
 
         waiting = self.sup.pending_metadata.pop(msg.get("ask_id"), None)
         if waiting is not None:

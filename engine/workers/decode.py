@@ -14,13 +14,14 @@ import numpy as np
 import zmq
 
 from engine.errors import Cancelled, PoolExhausted, TransferMismatch, TransferTimeout
-from engine.kv.page_tags import PageState
-from engine.protocol import Message, field_of
 from engine.request import Request, RequestOutput
-from engine.server.sockets import harden
+from engine.wire.page_tags import PageState
+from engine.wire.protocol import Message, field_of
+from engine.wire.sockets import drain, harden
 from engine.workers.loop import WorkerLoop
 from engine.workers.prefill import params_from_wire
-from engine.workers.transfer import Reservation, TransferReceiver
+from engine.workers.transfer.manifest import Reservation
+from engine.workers.transfer.receive import TransferReceiver
 
 TRANSFER_TIMEOUT_S = 60.0
 
@@ -140,11 +141,7 @@ class DecodeWorker(WorkerLoop):
     def on_ready(self, ready: dict) -> None:
         if self.kv not in ready:
             return
-        while True:
-            try:
-                frames = self.kv.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        for frames in drain(self.kv):
             event = self.receiver.on_message(frames)
             if event is not None:
                 self._on_transfer(event)

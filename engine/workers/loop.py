@@ -11,9 +11,9 @@ import zmq
 
 from engine.config import EngineConfig
 from engine.errors import PageWardenError
-from engine.protocol import Message, ProtocolError, pack, page_arrays, unpack
-from engine.runner import Engine
-from engine.server.sockets import harden
+from engine.core import Engine
+from engine.wire.protocol import Message, ProtocolError, pack, page_arrays, unpack
+from engine.wire.sockets import drain, harden
 from engine.workers.page_telemetry import PageTelemetry
 
 HEARTBEAT_S = 0.5
@@ -76,11 +76,7 @@ class WorkerLoop:
             self.close()
 
     def _drain_bus(self) -> None:
-        while True:
-            try:
-                frames = self.bus.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        for frames in drain(self.bus):
             self._last_heard = time.monotonic()
             try:
                 self.on_bus(unpack(frames))
@@ -136,7 +132,7 @@ class WorkerLoop:
     def apply_guard(self, config) -> None:
         """The defences and faults of `config`, where this worker has them."""
         self.engine.runner.check_writer_tags = config.defences.writer_tag_check
-        self.engine.pool.scrub_enabled = config.defences.scrub and not config.faults.skip_scrub
+        self.engine.pool.scrub_enabled = config.scrubs_freed_pages
 
     def forward_events(self) -> None:
         """Detections and ground-truth reads of the last step, to the supervisor's audit; the

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from engine.kv.page_pool import PagePool
-from engine.protocol import page_arrays
+from engine.wire.protocol import page_arrays
 
 DELTA_PERIOD_S = 0.1  # at most 10 Hz
 KEYFRAME_PERIOD_S = 5.0

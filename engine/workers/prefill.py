@@ -19,12 +19,12 @@ import zmq
 
 from engine.errors import PoolExhausted
 from engine.kv.page_table import PageTable
-from engine.protocol import Message, ProtocolError, field_of, unpack_header
 from engine.request import Request, SamplingParams
 from engine.sampling import sample_next
-from engine.server.sockets import harden
+from engine.wire.protocol import Message, ProtocolError, field_of, unpack_header
+from engine.wire.sockets import harden
 from engine.workers.loop import WorkerLoop
-from engine.workers.transfer import iter_transfer
+from engine.workers.transfer.send import iter_transfer
 
 
 @dataclass

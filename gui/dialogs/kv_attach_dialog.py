@@ -10,7 +10,8 @@ import re
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QComboBox, QDialog, QFormLayout, QLabel, QLineEdit
 
-from engine.client.kv_events import DIALECTS, KvAttach, KvEventError, check_kv_attach
+from engine.adapters.kv_attach import KvAttach, check_kv_attach
+from engine.adapters.kv_event_decode import DIALECTS, KvEventError
 from gui.dialogs.checked_form import lay_out, show_problem
 
 LAST_KEY = "kv_events/last"  # [endpoints, replay, dialect] as typed

@@ -8,7 +8,7 @@ from __future__ import annotations
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QCheckBox, QDialog, QFormLayout, QLabel, QLineEdit, QSpinBox
 
-from engine.client.leak_probe import is_loopback
+from engine.wire.sockets import is_loopback_host as is_loopback
 from gui.dialogs.checked_form import lay_out, show_problem
 from gui.model.probe_schedule import DEFAULT_URL, MAX_EVERY_MINUTES, MAX_ROUNDS, ProbeRequest, check_probe_request
 

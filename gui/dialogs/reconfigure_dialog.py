@@ -11,9 +11,23 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox,
-                               QHBoxLayout, QLabel, QPushButton, QSpinBox, QTextBrowser, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSpinBox,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
 
+from engine.wire.defences import DEFENCES, FAULTS
 from gui import theme
 from gui.model.engine_state import EngineState
 
@@ -27,17 +41,8 @@ KEYS = {
     "max_batch": ("engine", "max_batch"), "scrub_policy": ("engine", "scrub_policy"),
     "prefill_pages": ("pools", "prefill", "pages"), "decode_pages": ("pools", "decode", "pages"),
 }
-DEFENCES = (("admission", "Admission (I2): refuse what cannot fit"),
-            ("manifest_check", "Manifest check (I3): transfers must match their reservation"),
-            ("writer_tag_check", "Writer-tag check (I1): read and write only own pages"),
-            ("deferred_release", "Deferred release (I4): hold in-flight pages until their transfer ends"),
-            ("scrub", "Scrub (I5): wipe freed pages"))
-FAULTS = (("placeholder_on_reject", "placeholder on reject — the 2026 incident"),
-          ("skip_scrub", "skip scrub"), ("early_release", "early release of reserved pages"),
-          ("short_transfer", "short transfer (a page fewer than the manifest)"),
-          ("stale_block_table", "stale block table entry"))
-KEYS.update({f"defence_{name}": ("defences", name) for name, _ in DEFENCES})
-KEYS.update({f"fault_{name}": ("faults", name) for name, _ in FAULTS})
+KEYS.update({f"defence_{d.name}": ("defences", d.name) for d in DEFENCES})
+KEYS.update({f"fault_{f.name}": ("faults", f.name) for f in FAULTS})
 
 
 def config_value(config: dict, path: tuple):
@@ -110,8 +115,8 @@ class ReconfigureDialog(QDialog):
             self.scrub_policy.addItem(label, value)
         self.prefill_pages = _spin(1, INT_MAX)
         self.decode_pages = _spin(1, INT_MAX)
-        self.defence_boxes = {name: QCheckBox(label) for name, label in DEFENCES}
-        self.fault_boxes = {name: QCheckBox(label) for name, label in FAULTS}
+        self.defence_boxes = {d.name: QCheckBox(d.label) for d in DEFENCES}
+        self.fault_boxes = {f.name: QCheckBox(f.label) for f in FAULTS}
         self.check_writer_tags = self.defence_boxes["writer_tag_check"]
         self.allow_faults = bool(state.engine.get("allow_faults"))
         self.writer_tags_note = QLabel("Dangerous: each defence off lets a class of leak through, and each fault "

@@ -11,7 +11,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from engine.client import PageMirror
-from engine.protocol import Message
+from engine.wire.protocol import Message
 
 MAX_REQUESTS = 5_000  # rows kept in the requests table (oldest finished ones go first)
 MAX_ALERTS = 2_000

@@ -8,7 +8,7 @@ WRITTEN; every other slot is FREE. A pool only grows (to the next power of two o
 highest slot), so the grid does not reflow as blocks come and go, and a rank whose blocks
 were all cleared keeps its map, empty.
 
-Qt-free: numpy only. Reads a KvEventState (engine.client.kv_events) and never changes it.
+Qt-free: numpy only. Reads a KvEventState (engine.adapters.kv_event_state) and never changes it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.adapters.kv_event_state import NO_MEDIUM, BlockInfo, KvEventState
 from engine.client import PoolMirror
-from engine.client.kv_events import NO_MEDIUM, BlockInfo, KvEventState
 from gui.model.page_colors import FREE, FREE_OWNER, WRITTEN
 from gui.model.page_grid import PageGrid
 

@@ -22,10 +22,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-# Page states as they travel in PAGE_FIELDS["state"] (engine.kv.page_tags.PageState).
-FREE, RESERVED, IN_FLIGHT, WRITTEN, QUARANTINED = range(5)
-STATE_NAMES = ("FREE", "RESERVED", "IN_FLIGHT", "WRITTEN", "QUARANTINED")
-FREE_OWNER = -1
+from engine.wire.page_tags import FREE_OWNER, PageState
+from engine.wire.protocol import CANARY_TENANT
+
+# Page states as they travel in PAGE_FIELDS["state"], as plain ints for numpy indexing.
+FREE, RESERVED, IN_FLIGHT, WRITTEN, QUARANTINED = (int(s) for s in PageState)
+STATE_NAMES = tuple(s.name for s in PageState)
 
 # ---- the index space ----------------------------------------------------------------
 NO_PAGE = 0  # padding cells of the grid beyond the last page
@@ -43,7 +45,6 @@ BRIGHT_BASE = RESERVED_INDICES
 DIM_BASE = RESERVED_INDICES + NUM_COLOURS
 NEUTRAL_COLOUR = 255  # colour id meaning "no palette colour" (never a real colour: < NUM_COLOURS)
 CANARY_COLOUR = 254  # colour id of canary requests' pages (their own colour, never an owner's)
-CANARY_TENANT = "canary"
 
 MODES = ("request", "tenant", "state")
 LEVELS = (0, 256)  # pyqtgraph levels giving the identity index -> LUT mapping for 0..255

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from engine.wire.alert_kinds import alert_kind
 from gui.model.engine_state import AlertRow
 
 MAX_ROUNDS = 50  # as `main.py probe`
@@ -33,7 +34,7 @@ class ProbeRequest:
 def check_probe_request(url: str, model: str = "", rounds: int = 3, every_minutes: float = 0.0,
                         allow_remote: bool = False, *, is_loopback=None) -> ProbeRequest:
     """What the dialog holds -> ProbeRequest. Raises ValueError naming the field and value.
-    `is_loopback(host)` decides which hosts need `allow_remote` (engine.client.leak_probe's)."""
+    `is_loopback(host)` decides which hosts need `allow_remote` (engine.wire.sockets.is_loopback_host)."""
     url = url.strip()
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -123,6 +124,7 @@ class ProbeSchedule:
         return self._alert(f"r{self.runs}-error", "probe_error", "warning", f"{self.request.url}: {message}", when)
 
     def _alert(self, key: str, kind: str, severity: str, detail: str, when: float) -> AlertRow:
+        alert_kind(kind)  # declared in engine/wire/alert_kinds.py, as the engine's are
         row = AlertRow(f"{ALERT_PREFIX}{int(self.started_at * 1000)}:{key}", kind, severity, "firing", False,
                        when, when, 1, [], [], detail)
         self.alerts.append(row)

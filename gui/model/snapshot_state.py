@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from engine.protocol import Message, ProtocolError
+from engine.wire.protocol import Message, ProtocolError
 from gui.model.engine_state import EngineState
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.protocol import PAGE_FIELDS
+from engine.wire.protocol import PAGE_FIELDS
 from gui.snapshot.collect import SCHEMA, Snapshot
 
 METRIC_COLUMNS = ("time", "tokens_per_s", "ttft_ms_p50", "ttft_ms_max", "tpot_ms_p50", "queue_depth", "running")

@@ -16,6 +16,7 @@ from PySide6.QtGui import QColor, QCursor, QImage
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QToolTip, QVBoxLayout, QWidget
 
 from engine.client import PoolMirror
+from engine.wire.page_tags import NO_WRITER, pack_tag, unpack_tag
 from gui import theme
 from gui.model.engine_state import EngineState
 from gui.model.page_colors import FREE, FREE_PAGE, LEVELS, MODES, QUARANTINED_PAGE, STATE_BASE, STATE_NAMES, PageColors
@@ -23,7 +24,6 @@ from gui.model.page_grid import PageGrid, PoolImage
 
 ROLE_ORDER = {"prefill": 0, "decode": 1}
 MAX_COLUMNS = 3
-_EPOCH_MASK = 0xFFFFFFFF
 MODE_LABELS = {"request": "Request", "tenant": "Tenant", "state": "State"}
 
 
@@ -33,9 +33,10 @@ def pool_order(pool: PoolMirror) -> tuple[int, str]:
 
 def writer_text(tag: int) -> str:
     """A writer tag as '(slot 5, epoch 3)', or 'never written'."""
-    if tag == -1:
+    unpacked = unpack_tag(tag)
+    if unpacked is None:
         return "never written"
-    return f"(slot {tag >> 32}, epoch {tag & _EPOCH_MASK})"
+    return f"(slot {unpacked[0]}, epoch {unpacked[1]})"
 
 
 def _plot_background(name: str) -> tuple[int, int, int]:
@@ -332,8 +333,8 @@ class PageMapWidget(QWidget):
                      f" · epoch {int(a['epoch']):,}")
         tag = int(a["writer"])
         note = ""
-        if tag != -1 and owner >= 0 and state != FREE:
-            own = (owner << 32) | (int(a["epoch"]) & _EPOCH_MASK)
+        if tag != NO_WRITER and owner >= 0 and state != FREE:
+            own = pack_tag(owner, int(a["epoch"]))
             note = " (the owner, this epoch)" if tag == own else " (NOT the owner's tag for this epoch)"
         lines.append(f"writer {writer_text(tag)}{note}")
         return "\n".join(lines)

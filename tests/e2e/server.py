@@ -1,5 +1,6 @@
-"""The real engine server the end-to-end tests drive (see engine.commands.local_server)."""
+"""The real engine server the end-to-end tests drive (see engine.client.local_server)."""
 
-from engine.commands.local_server import LocalServer as ServerProcess, write_config
+from engine.client.local_server import LocalServer as ServerProcess
+from engine.client.local_server import write_config
 
 __all__ = ["ServerProcess", "write_config"]

@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from engine.client import RemoteError
-from engine.protocol import pack
+from engine.wire.protocol import pack
 
 FUZZ_FRAMES = 10_000
 

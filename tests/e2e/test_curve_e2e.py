@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from engine.config import REPO_ROOT
-from engine.server.auth import generate_keys, load_client_keys, load_public_key, load_server_keys
+from engine.wire.curve import generate_keys, load_client_keys, load_public_key, load_server_keys
 
 
 def test_curve_allowlist(start_server, tmp_path):

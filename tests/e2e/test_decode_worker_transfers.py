@@ -17,9 +17,9 @@ import zmq
 
 from engine.config import EngineConfig
 from engine.kv.page_pool import PageLayout, PagePool
-from engine.protocol import pack, unpack
+from engine.wire.protocol import pack, unpack
 from engine.workers.decode import DecodeWorker
-from engine.workers.transfer import build_transfer
+from engine.workers.transfer.send import build_transfer
 
 PROMPT = [256] + list(range(40, 60))  # 21 tokens: 2 pages of 16
 

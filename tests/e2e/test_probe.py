@@ -9,8 +9,8 @@ import json
 import subprocess
 import sys
 
+from engine.adapters.leak_probe import ALPHABET
 from engine.config import REPO_ROOT
-from engine.guard.leak_probe import ALPHABET
 
 FAULTS = {"placeholder_on_reject": True, "skip_scrub": True}
 SMALL = {"engine": {"context_window": 512, "page_size": 16, "max_batch": 8},

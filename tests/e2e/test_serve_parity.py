@@ -8,7 +8,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.request import SamplingParams
-from engine.runner import Engine
+from engine.core import Engine
 
 
 def _workload(seed: int, n: int = 64):

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from engine.client import PageMirror
-from engine.protocol import PAGE_FIELDS
+from engine.wire.protocol import PAGE_FIELDS
 
 
 def _pump(sub, mirror, client, seconds: float, stats: dict) -> None:

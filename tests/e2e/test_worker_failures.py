@@ -8,7 +8,7 @@ import signal
 
 from engine.config import EngineConfig
 from engine.request import SamplingParams
-from engine.runner import Engine
+from engine.core import Engine
 
 LONG = dict(max_new_tokens=1500, ignore_eos=True)
 

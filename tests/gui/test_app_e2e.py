@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
 from engine.client import RemoteError
-from engine.protocol import PAGE_FIELDS
+from engine.wire.protocol import PAGE_FIELDS
 from tests.gui.conftest import free_port
 
 LONG = dict(max_new_tokens=1500, ignore_eos=True)
@@ -175,8 +175,8 @@ def test_dead_engine_shows_stale_and_a_restarted_one_is_picked_up(start_server, 
 
 
 def test_attaching_with_curve_keys(start_server, open_window, tmp_path):
+    from engine.wire.curve import generate_keys
     from gui.app import load_keys
-    from engine.server.auth import generate_keys
 
     keys = tmp_path / "keys"
     generate_keys(keys)

@@ -9,12 +9,12 @@ import time
 
 import numpy as np
 
-from engine.commands.local_server import write_config
 from engine.client import EngineClient
+from engine.client.local_server import write_config
 from engine.config import EngineConfig
 from engine.guard.reproduce import run_workload
 from engine.guard.scenarios import SCENARIOS, config_sections
-from engine.kv.page_tags import PageState
+from engine.wire.page_tags import PageState
 
 CONNECT_MS = 180_000
 

@@ -17,7 +17,8 @@ from PySide6.QtCore import QPoint, QSettings, Qt
 from PySide6.QtWidgets import QDialogButtonBox, QDockWidget
 
 import main
-from engine.client.kv_events import KvAttach, KvEventError, check_kv_attach
+from engine.adapters.kv_attach import KvAttach, check_kv_attach
+from engine.adapters.kv_event_decode import KvEventError
 from gui.app import App, kv_attach_from_args
 from gui.dialogs.kv_attach_dialog import KvAttachDialog
 from gui.main_window import MainWindow

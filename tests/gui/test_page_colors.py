@@ -14,11 +14,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.client import PageMirror
-from engine.protocol import pack, page_arrays, unpack
+from engine.wire.protocol import pack, page_arrays, unpack
 from gui.model import page_colors as pc
-from gui.model.page_colors import (BRIGHT_BASE, DIM_BASE, FREE_PAGE, NEUTRAL, NEUTRAL_DIM, NO_PAGE, NUM_COLOURS,
-                                   QUARANTINED_PAGE, RESERVED_INDICES, THEMES, PageColors, owner_palette,
-                                   srgb_to_lab)
+from gui.model.page_colors import (
+    BRIGHT_BASE,
+    DIM_BASE,
+    FREE_PAGE,
+    NEUTRAL,
+    NEUTRAL_DIM,
+    NO_PAGE,
+    NUM_COLOURS,
+    QUARANTINED_PAGE,
+    RESERVED_INDICES,
+    THEMES,
+    PageColors,
+    owner_palette,
+    srgb_to_lab,
+)
 from gui.model.page_grid import PageGrid, PoolImage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,7 +102,7 @@ def test_model_modules_do_not_import_qt(module):
 
 
 def test_state_numbers_match_the_engine():
-    from engine.kv.page_tags import PageState
+    from engine.wire.page_tags import PageState
 
     assert pc.STATE_NAMES == tuple(s.name for s in PageState)
     assert (pc.FREE, pc.RESERVED, pc.IN_FLIGHT, pc.WRITTEN, pc.QUARANTINED) == tuple(PageState)

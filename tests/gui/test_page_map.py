@@ -12,11 +12,20 @@ import pytest
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QColor, QImage
 
-from engine.protocol import pack, page_arrays, unpack
+from engine.wire.protocol import pack, page_arrays, unpack
 from gui import theme
 from gui.model.engine_state import EngineState
-from gui.model.page_colors import (BRIGHT_BASE, DIM_BASE, FREE_PAGE, LEVELS, NEUTRAL, QUARANTINED_PAGE, STATE_BASE,
-                                   THEMES, PageColors)
+from gui.model.page_colors import (
+    BRIGHT_BASE,
+    DIM_BASE,
+    FREE_PAGE,
+    LEVELS,
+    NEUTRAL,
+    QUARANTINED_PAGE,
+    STATE_BASE,
+    THEMES,
+    PageColors,
+)
 from gui.widgets.page_map import PageMapWidget
 
 FREE, RESERVED, IN_FLIGHT, WRITTEN, QUARANTINED = range(5)

@@ -107,7 +107,7 @@ def test_an_unreachable_url_is_a_probe_error_and_the_window_keeps_running(qtbot,
 def test_the_probe_works_in_the_kv_event_mode_too(qtbot, window):
     """The action is there while the window watches vLLM / SGLang events, and its alerts
     bring the (otherwise hidden) alerts dock back."""
-    from engine.client.kv_events import check_kv_attach
+    from engine.adapters.kv_attach import check_kv_attach
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
 
 from engine.capacity import check_capacity
 from engine.config import EngineConfig
-from engine.protocol import pack, unpack
+from engine.wire.protocol import pack, unpack
 from gui import theme
 from gui.model.engine_state import EngineState, WorkerRow
 from gui.widgets.alerts_table import AlertsTable, page_ranges

@@ -1,4 +1,4 @@
-"""engine.server.auth: key files, and CurveZMQ with a ZAP allowlist on real sockets over
+"""engine.wire.curve: key files, and CurveZMQ with a ZAP allowlist on real sockets over
 tcp://127.0.0.1. A refused client is one that gets no reply within REPLY_MS."""
 
 from __future__ import annotations
@@ -12,9 +12,17 @@ import pytest
 import zmq
 import zmq.auth
 
-from engine.server.auth import (CurveServer, check_bind_policy, generate_keys, is_curve_secured,
-                                load_client_keys, load_public_key, load_server_keys, secure_client)
-from engine.server.sockets import bind_endpoint, harden
+from engine.wire.curve import (
+    CurveServer,
+    check_bind_policy,
+    generate_keys,
+    is_curve_secured,
+    load_client_keys,
+    load_public_key,
+    load_server_keys,
+    secure_client,
+)
+from engine.wire.sockets import bind_endpoint, harden
 from tests.unit.test_sockets import ctx, echo  # noqa: F401  (ctx is a fixture)
 
 REPLY_MS = 1000

@@ -12,7 +12,7 @@ from engine.config import DEFAULT_MODEL_DIR, REPO_ROOT, EngineConfig
 from engine.guard.canaries import PROMPT_FORM
 from engine.guard.scenarios import copy_prompt
 from engine.request import SamplingParams
-from engine.runner import Engine
+from engine.core import Engine
 from tests.hf_checkpoints import hf_greedy
 
 

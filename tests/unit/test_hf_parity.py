@@ -8,7 +8,7 @@ import torch
 from engine.config import EngineConfig
 from engine.model.load import load_model
 from engine.request import SamplingParams
-from engine.runner import Engine
+from engine.core import Engine
 from tests.hf_checkpoints import ARCH_CASES, hf_greedy, write_random_checkpoint
 
 PROMPT_LENGTHS = [1, 2, 7, 16, 17, 33, 64, 130, 300]

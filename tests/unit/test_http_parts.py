@@ -7,11 +7,11 @@ import random
 
 import pytest
 
+from engine.adapters.leak_probe import LeakProbe, filler, leaked_fragment, new_marker
 from engine.guard.canaries import PROMPT_FORM
-from engine.guard.leak_probe import LeakProbe, filler, leaked_fragment, new_marker
 from engine.http.openai_request import HttpError, parse_completion
-from engine.http.options import is_loopback
 from engine.http.stop_filter import StopFilter
+from engine.wire.sockets import is_loopback_host as is_loopback
 
 
 def test_parse_completion_maps_openai_fields_to_submit_fields():

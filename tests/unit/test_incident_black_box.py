@@ -19,10 +19,12 @@ import random
 from engine.config import EngineConfig
 from engine.guard.scenarios import BOS, copy_prompt
 from engine.kv.page_table import PageTable
-from engine.kv.page_tags import PageState
 from engine.request import Request, SamplingParams
-from engine.runner import Engine
-from engine.workers.transfer import Reservation, TransferReceiver, iter_transfer
+from engine.core import Engine
+from engine.wire.page_tags import PageState
+from engine.workers.transfer.manifest import Reservation
+from engine.workers.transfer.receive import TransferReceiver
+from engine.workers.transfer.send import iter_transfer
 
 
 def _engines(tiny_model, writer_tag_check: bool):

@@ -30,12 +30,14 @@ from engine.config import EngineConfig
 from engine.errors import PoolExhausted
 from engine.guard.scenarios import DEFENCES
 from engine.kv.page_table import PageTable
-from engine.kv.page_tags import PageState
 from engine.request import Request, SamplingParams
-from engine.runner import Engine
+from engine.core import Engine
+from engine.wire.page_tags import PageState
 from engine.workers.decode import DecodeWorker
 from engine.workers.prefill import _drop_last_page
-from engine.workers.transfer import Reservation, TransferReceiver, iter_transfer
+from engine.workers.transfer.manifest import Reservation
+from engine.workers.transfer.receive import TransferReceiver
+from engine.workers.transfer.send import iter_transfer
 
 FAULTS = ("placeholder_on_reject", "skip_scrub", "early_release", "short_transfer", "stale_block_table")
 PAGE = 4

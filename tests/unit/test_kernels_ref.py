@@ -305,7 +305,7 @@ def test_importing_kernels_does_not_import_triton():
 
 def test_the_kernels_no_writer_tag_is_the_engines():
     # kernels/ may not import engine/, so the value is written in both; they must agree
-    from engine.kv.page_tags import NO_WRITER as ENGINE_NO_WRITER
+    from engine.wire.page_tags import NO_WRITER as ENGINE_NO_WRITER
     from kernels.paged_attention_ref import NO_WRITER as KERNEL_NO_WRITER
 
     assert KERNEL_NO_WRITER == ENGINE_NO_WRITER == NO_WRITER

@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from engine.errors import IsolationError, PoolExhausted
 from engine.kv.page_pool import PageLayout, PagePool
 from engine.kv.page_table import PageTable, block_tables
-from engine.kv.page_tags import FREE_OWNER, NO_WRITER, PageState, pack_tag, unpack_tag
+from engine.wire.page_tags import FREE_OWNER, NO_WRITER, PageState, pack_tag, unpack_tag
 
 LAYOUT = PageLayout(num_layers=2, num_kv_heads=2, head_dim=4, page_size=4, dtype=torch.float32)
 

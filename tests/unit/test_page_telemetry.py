@@ -8,8 +8,8 @@ import torch
 
 from engine.client import PageMirror
 from engine.kv.page_pool import PageLayout, PagePool
-from engine.protocol import PAGE_FIELDS, ProtocolError, pack, unpack
 from engine.server.telemetry import TelemetryPublisher
+from engine.wire.protocol import PAGE_FIELDS, ProtocolError, pack, unpack
 from engine.workers.page_telemetry import PageTelemetry
 
 

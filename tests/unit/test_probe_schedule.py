@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from engine.client.leak_probe import Finding, RoundReport, is_loopback
+from engine.adapters.leak_probe import Finding, RoundReport
+from engine.wire.sockets import is_loopback_host as is_loopback
 from gui.model.probe_schedule import ALERT_PREFIX, ProbeRequest, ProbeSchedule, check_probe_request
 
 URL = "http://127.0.0.1:8000"

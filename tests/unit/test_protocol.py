@@ -8,8 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.protocol import (
-    PAGE_FIELDS, VERSION, Message, ProtocolError, check_page_arrays, field_of, pack, page_arrays, unpack,
+from engine.wire.protocol import (
+    PAGE_FIELDS,
+    VERSION,
+    Message,
+    ProtocolError,
+    check_page_arrays,
+    field_of,
+    pack,
+    page_arrays,
+    unpack,
 )
 
 

@@ -1,17 +1,24 @@
-"""engine.server.sockets on real sockets over tcp://127.0.0.1: the options harden() sets, the
+"""engine.wire.sockets on real sockets over tcp://127.0.0.1: the options harden() sets, the
 frame size limit, ROUTER behaviour, and the loopback bind policy."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from engine.protocol import MAX_BUS_FRAME, MAX_CONTROL_FRAME, MAX_KV_FRAME
-from engine.server.sockets import (CURVE_FRAME_OVERHEAD, HWMS, SOCKET_KINDS, bind_endpoint,
-                                   check_bind_policy, harden, is_curve_secured, is_loopback)
+from engine.wire.protocol import MAX_BUS_FRAME, MAX_CONTROL_FRAME, MAX_KV_FRAME
+from engine.wire.sockets import (
+    CURVE_FRAME_OVERHEAD,
+    HWMS,
+    SOCKET_KINDS,
+    bind_endpoint,
+    check_bind_policy,
+    harden,
+    is_curve_secured,
+    is_loopback,
+)
 
 REPLY_MS = 1000  # a peer that has not answered within this is taken as refused
 
@@ -158,7 +165,7 @@ def test_bind_endpoint_picks_free_ports_clients_can_use(ctx):
 
 
 def secured_by_hand(sock: zmq.Socket) -> zmq.Socket:
-    """What auth.CurveServer.secure() sets, without a ZAP handler (so it refuses everyone)."""
+    """What curve.CurveServer.secure() sets, without a ZAP handler (so it refuses everyone)."""
     sock.curve_server, sock.curve_secretkey = True, zmq.curve_keypair()[1]
     sock.zap_domain = b"pagewarden"
     sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)

@@ -23,7 +23,7 @@ def supervisor():
 
 def test_an_ownership_report_with_an_unwritten_page_and_a_canary_page(supervisor):
     sup = supervisor
-    sup.slot_requests.update({3: "victim", 9: "canary-9"})
+    sup.book.by_slot.update({3: "victim", 9: "canary-9"})
     sup.canaries.add("canary-9", 9, "marker", [1, 2])
     event = {"kind": "ownership_violation", "request": "victim", "slot": 3, "pool": "decode-0", "prevented": True,
              "pages": [{"page": 40, "writer": None}, {"page": 41, "writer": [9, 5]}, {"page": 42, "writer": "junk"}]}

@@ -7,21 +7,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import msgpack
-import xxhash
 import numpy as np
 import pytest
 import torch
+import xxhash
 import zmq
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from engine.errors import IsolationError
 from engine.kv.page_pool import PageLayout, PagePool
-from engine.kv.page_tags import NO_WRITER, PageState, pack_tag
-from engine.protocol import ProtocolError, pack_header, unpack_header
-from engine.workers.transfer import (
-    KVLayout, Reservation, TransferReceiver, build_transfer, page_checksum,
-)
+from engine.wire.page_tags import NO_WRITER, PageState, pack_tag
+from engine.wire.protocol import ProtocolError, pack_header, unpack_header
+from engine.workers.transfer.manifest import KVLayout, Reservation, page_checksum
+from engine.workers.transfer.receive import TransferReceiver
+from engine.workers.transfer.send import build_transfer
 
 LAYOUT = PageLayout(num_layers=2, num_kv_heads=2, head_dim=8, page_size=4, dtype=torch.float32)
 PAGE_BYTES = LAYOUT.bytes_per_page  # 1,024

@@ -1,5 +1,6 @@
 """LocalServer: `python main.py serve` in a subprocess on loopback with free ports, driven
-through the real EngineClient — for `reproduce`, the benches and the end-to-end tests."""
+through the real EngineClient — for `reproduce`, the benches and the end-to-end tests.
+`serve_command` is the command line it (and the GUI's hosted engine) starts."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ from engine.client import EngineClient, TelemetrySubscriber
 from engine.config import REPO_ROOT, EngineConfig
 
 READY_TIMEOUT_S = 180.0
+MAIN = REPO_ROOT / "main.py"
+
+
+def serve_command(*args: str, bind: str = "tcp://127.0.0.1:0") -> list[str]:
+    """`python main.py serve --bind BIND --json ARGS...`: one JSON line with the endpoints on
+    stdout once it listens. Run it with cwd=REPO_ROOT."""
+    return [sys.executable, str(MAIN), "serve", "--bind", bind, "--json", *args]
 
 
 def write_config(path: Path, base: EngineConfig | None = None, **sections) -> Path:
@@ -40,7 +48,7 @@ class LocalServer:
         self.log_path = config_path.with_suffix(".log")
         with open(self.log_path, "wb") as log:  # a file, so a chatty server never blocks on a pipe
             self.proc = subprocess.Popen(
-                [sys.executable, "main.py", "serve", "--config", str(config_path), "--bind", bind, "--json", *extra],
+                serve_command("--config", str(config_path), *extra, bind=bind),
                 cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
             )
         line = self.proc.stdout.readline()

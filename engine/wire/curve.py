@@ -24,7 +24,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
-from engine.server.sockets import check_bind_policy, is_curve_secured, require_fresh
+from engine.wire.sockets import check_bind_policy, is_curve_secured, require_fresh
 
 __all__ = ["ZAP_DOMAIN", "generate_keys", "load_server_keys", "load_client_keys", "load_public_key",
            "load_allowlist", "CurveServer", "secure_client", "check_bind_policy", "is_curve_secured"]

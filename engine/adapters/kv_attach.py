@@ -1,22 +1,15 @@
-"""The GUI's way into vLLM / SGLang KV-event streams: the watcher and its state from
-engine.adapters (msgpack and zmq only, no torch), and one check of what a user typed.
-
-A client of someone else's engine, like EngineClient is of ours; it lives here so that gui/
-keeps importing nothing from engine/ but protocol and client.
-"""
+"""What to watch of a vLLM / SGLang KV-event stream, as a user typed it (the GUI's attach
+dialog and `main.py watch-kv-events`): endpoints, replay endpoints and the dialect, checked."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.adapters.kv_event_decode import DIALECTS, KvEventError, check_dialect
-from engine.adapters.kv_event_state import NO_MEDIUM, BlockInfo, KvEventState
+from engine.adapters.kv_event_decode import KvEventError, check_dialect
+from engine.adapters.kv_event_state import KvEventState
 from engine.adapters.kv_event_watch import KvEventWatcher, check_address
 
 NO_REPLAY = ("-", "none")  # a replay placeholder for an endpoint that has no replay endpoint
-
-__all__ = ["DIALECTS", "NO_MEDIUM", "NO_REPLAY", "BlockInfo", "KvAttach", "KvEventError", "KvEventState",
-           "KvEventWatcher", "check_kv_attach"]
 
 
 @dataclass(frozen=True)

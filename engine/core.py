@@ -1,7 +1,7 @@
-"""Engine: the single-process engine (prefill and decode over one pool).
+"""Engine: prefill and decode over one page pool, in one process: what `python main.py generate`
+runs, the reference the disaggregated server is checked against, and each worker's core.
 
-It is the reference the disaggregated server is checked against and what
-`python main.py generate` runs. Admission happens in submit(), before anything is
+Admission happens in submit(), before anything is
 allocated; a request that passes it waits for pages, and is never truncated.
 """
 
@@ -19,12 +19,12 @@ from engine.config import EngineConfig
 from engine.errors import ConfigError, InvalidRequest, OwnershipViolation
 from engine.kv.page_pool import PageLayout, PagePool
 from engine.kv.page_table import PageTable
-from engine.kv.page_tags import NO_WRITER, PageState, unpack_tag
 from engine.model.load import LoadedModel, load_model
 from engine.model_runner import ModelRunner
 from engine.request import Request, RequestOutput, RequestState, SamplingParams
 from engine.sampling import sample_next
 from engine.scheduler import Scheduler
+from engine.wire.page_tags import NO_WRITER, PageState, unpack_tag
 from kernels.backend import select_kernels
 
 
@@ -96,7 +96,7 @@ class Engine:
             scrub_policy=eng.scrub_policy, scrub_fn=self.kernels.scrub_pages,
             provenance=config.audit.provenance,
         )
-        self.pool.scrub_enabled = config.defences.scrub and not config.faults.skip_scrub
+        self.pool.scrub_enabled = config.scrubs_freed_pages
         self.runner = ModelRunner(
             self.model.decoder, self.pool, self.kernels, check_writer_tags=config.defences.writer_tag_check
         )

@@ -2,7 +2,7 @@
 ROUTER behaviour, and the rule that an endpoint stays on loopback unless CURVE is on.
 
 libzmq copies socket options into a listener or connection when bind/connect runs, so an
-option set afterwards does not apply to it: harden() and auth.CurveServer.secure() refuse a
+option set afterwards does not apply to it: harden() and curve.CurveServer.secure() refuse a
 socket that is already bound or connected.
 """
 
@@ -12,7 +12,7 @@ import ipaddress
 
 import zmq
 
-from engine.protocol import MAX_BUS_FRAME, MAX_CONTROL_FRAME, MAX_KV_FRAME
+from engine.wire.protocol import MAX_BUS_FRAME, MAX_CONTROL_FRAME, MAX_KV_FRAME
 
 SOCKET_KINDS = frozenset({"control", "telemetry", "bus", "kv"})
 
@@ -26,6 +26,20 @@ CURVE_FRAME_OVERHEAD = 33
 # HWM; sequence numbers show the gap) instead of growing memory. kv: 0 = no limit, never
 # dropped (a ROUTER would drop at any finite HWM); flow control is the sender's job.
 HWMS = {"control": 1000, "telemetry": 100, "bus": 1000, "kv": 0}
+
+
+DRAIN_LIMIT = 10_000  # messages taken from one socket per drain
+
+
+def drain(sock: zmq.Socket, limit: int = DRAIN_LIMIT, *, copy: bool = False):
+    """Yield each multipart message waiting on `sock`, without blocking, at most `limit` of
+    them: a busy socket cannot starve the others, and the next poll reports what is left
+    (zmq.Poller is level-triggered). The one non-blocking receive loop of every process."""
+    for _ in range(limit):
+        try:
+            yield sock.recv_multipart(zmq.NOBLOCK, copy=copy)
+        except zmq.Again:
+            return
 
 
 def require_fresh(sock: zmq.Socket, what: str) -> None:
@@ -67,8 +81,13 @@ def is_loopback(endpoint: str) -> bool:
     if transport != "tcp" or ";" in rest:  # "src;dst" connect syntax: not a bind address
         return False
     host, colon, port = rest.rpartition(":")
-    if not colon or not port:
-        return False
+    return bool(colon and port) and is_loopback_host(host)
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for a host only this machine reaches: localhost, 127.0.0.0/8, ::1 (bracketed or
+    not, IPv4-mapped too). Any other name may resolve anywhere: False. Never raises."""
+    host = str(host or "").strip()
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if host.lower() == "localhost":
@@ -84,7 +103,7 @@ def is_loopback(endpoint: str) -> bool:
 
 def is_curve_secured(sock: zmq.Socket) -> bool:
     """True when `sock` is a CURVE server that asks a ZAP handler (non-empty ZAP domain) and
-    fails closed without one (ZAP_ENFORCE_DOMAIN): what auth.CurveServer.secure() sets."""
+    fails closed without one (ZAP_ENFORCE_DOMAIN): what curve.CurveServer.secure() sets."""
     return bool(sock.getsockopt(zmq.CURVE_SERVER) and sock.getsockopt(zmq.ZAP_DOMAIN)
                 and sock.getsockopt(zmq.ZAP_ENFORCE_DOMAIN))
 

@@ -1,227 +1,33 @@
-"""KV transfer from a prefill pool to a decode pool (DESIGN.md invariants I3 and I4).
-
-The decode worker reserves pages for a request and describes its prompt pages in a
-Reservation. The prefill worker sends the prompt's pages as chunk messages
-(build_transfer / iter_transfer). The decode worker feeds every message it receives to a
-TransferReceiver, which checks each chunk against the reservation before writing a byte,
-and marks the pages WRITTEN, stamping the request's writer tags, only after the last chunk.
-
-A chunk message is `[msgpack header, page frame, page frame, ...]`. The header repeats the
-whole manifest (request, epoch, tokens, decode pages and their epochs, layout), so every
-chunk is checked on its own, and carries an xxh3-64 checksum of each of its pages.
-"""
+"""The decode side of a KV transfer: TransferReceiver checks every chunk against its
+reservation before writing a byte (I3), holds in-flight pages until the transfer ends
+(I4) and reports every outcome as a TransferEvent."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import numpy as np
-import xxhash
 import torch
 
 from engine.errors import IsolationError
-from engine.kv.page_pool import MAX_SLOT
-from engine.kv.page_tags import NO_WRITER, PageState, pack_tag
-from engine.protocol import ProtocolError, field_of, frame_bytes, pack_header, unpack_header
+from engine.wire.page_tags import NO_WRITER, PageState, pack_tag
+from engine.wire.protocol import ProtocolError, field_of, frame_bytes, unpack_header
+from engine.workers.transfer.manifest import (
+    EVENT_KINDS,
+    INT_FIELDS,
+    LIST_FIELDS,
+    OP,
+    KVLayout,
+    Reservation,
+    byte_rows,
+    page_checksum,
+)
 
-OP = "kv_chunk"
-EVENT_KINDS = ("complete", "mismatch", "late", "garbage", "timeout")
-DEFAULT_CHUNK_BYTES = 2 << 20  # bench/transfer.py: 1-2 MB chunks pipelined best here
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _REMEMBERED_ENDINGS = 4096  # finished request ids kept only to explain late chunks
-_MAX_EPOCH = (1 << 63) - 1
-_INT_FIELDS = ("tokens", "chunk", "chunks", "first", "count", "first_token")
-_LIST_FIELDS = ("pages", "page_epochs", "checksums")
 
 
-# ---- descriptions shared by both sides ---------------------------------------------------
-
-@dataclass(frozen=True)
-class KVLayout:
-    """What one page holds; both pools must agree on it byte for byte."""
-
-    dtype: str  # "float32" | "bfloat16" | "float16"
-    page_shape: tuple[int, ...]  # pool.data.shape[1:]
-    bytes_per_page: int
-
-    @classmethod
-    def of(cls, pool) -> "KVLayout":
-        """The layout of `pool`'s pages. Raises ValueError for a dtype that is not transferred."""
-        name = _DTYPE_NAMES.get(pool.data.dtype)
-        if name is None:
-            raise ValueError(f"pool {pool.name!r}: dtype {pool.data.dtype} cannot be transferred")
-        shape = tuple(int(d) for d in pool.data.shape[1:])
-        return cls(name, shape, math.prod(shape) * pool.data.element_size())
-
-    def to_wire(self) -> dict:
-        """msgpack-able form."""
-        return {"dtype": self.dtype, "page_shape": list(self.page_shape), "bytes_per_page": self.bytes_per_page}
-
-    def difference(self, wire: dict) -> str | None:
-        """None when `wire` describes this layout, else a sentence naming the first field that differs."""
-        for key, mine in self.to_wire().items():
-            theirs = wire.get(key)
-            if theirs != mine:
-                return f"layout {key} {theirs!r} != {mine!r} of the decode pool"
-        return None
-
-
-@dataclass
-class Reservation:
-    """Decode side: the pages it granted for one request's prompt, as the transfer must fill them."""
-
-    request_id: str
-    slot: int  # the request's engine-wide slot (owner id in both pools)
-    epoch: int  # reservation epoch: a counter unique per decode worker
-    tokens: int  # prompt length the transfer must carry
-    pages: np.ndarray  # int32 decode pages in token order, ceil(tokens / page_size) of them
-    page_epochs: np.ndarray  # int64 pool.epoch of each page at allocation
-
-    def __post_init__(self):
-        self.pages = np.asarray(self.pages, dtype=np.int32).reshape(-1)
-        self.page_epochs = np.asarray(self.page_epochs, dtype=np.int64).reshape(-1)
-
-    def to_wire(self) -> dict:
-        """msgpack-able form (plain ints and lists)."""
-        return {
-            "request_id": self.request_id, "slot": int(self.slot), "epoch": int(self.epoch),
-            "tokens": int(self.tokens), "pages": self.pages.tolist(), "page_epochs": self.page_epochs.tolist(),
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict) -> "Reservation":
-        """Parse to_wire()'s form. Raises ProtocolError naming the first bad field."""
-        if not isinstance(d, dict):
-            raise ProtocolError(f"reservation must be a map, got {type(d).__name__}")
-        request_id = field_of(d, "request_id", "str", max_len=1024)
-        if not request_id:
-            raise ProtocolError("field 'request_id' is empty")
-        slot = field_of(d, "slot", "int", low=0, high=MAX_SLOT)
-        epoch = field_of(d, "epoch", "int", low=0, high=_MAX_EPOCH)
-        tokens = field_of(d, "tokens", "int", low=1, high=1 << 40)
-        pages = field_of(d, "pages", "list[int]")
-        page_epochs = field_of(d, "page_epochs", "list[int]")
-        if not pages:
-            raise ProtocolError("field 'pages' is empty")
-        if len(page_epochs) != len(pages):
-            raise ProtocolError(f"field 'page_epochs' has {len(page_epochs)} items for {len(pages)} pages")
-        if min(pages) < 0 or max(pages) > MAX_SLOT:
-            raise ProtocolError(f"field 'pages' holds a page id outside 0..{MAX_SLOT}")
-        if len(set(pages)) != len(pages):
-            raise ProtocolError("field 'pages' lists a page twice")
-        if min(page_epochs) < 0 or max(page_epochs) > _MAX_EPOCH:
-            raise ProtocolError("field 'page_epochs' holds a negative or oversized epoch")
-        return cls(request_id, slot, epoch, tokens, np.array(pages), np.array(page_epochs))
-
-
-def page_checksum(buf) -> int:
-    """xxh3-64 of one page's bytes (any contiguous buffer). An integrity check, not a MAC:
-    it catches torn, short, stale or misrouted pages at ~18 GB/s a core, where crc32 ran
-    at ~4 GB/s and made checksumming most of a transfer's cost (bench/RESULTS.md)."""
-    return xxhash.xxh3_64_intdigest(buf)
-
-
-def pages_per_chunk(bytes_per_page: int, chunk_bytes: int) -> int:
-    """How many pages one chunk message carries: as many as fit chunk_bytes, at least one."""
-    return max(1, int(chunk_bytes) // int(bytes_per_page))
-
-
-# ---- prefill side --------------------------------------------------------------------
-
-def build_transfer(pool, src_pages: np.ndarray, reservation: dict, *, first_token: int,
-                   chunk_bytes: int = DEFAULT_CHUNK_BYTES, sender: str = "", tokens: int | None = None) -> list[list]:
-    """Prefill side: the multipart messages (each a list of frames) that carry the prompt's
-    pages `src_pages` (prefill pool pages, token order) to the reservation's decode pages.
-
-    On CPU the page frames are views of the pool's memory: send them with copy=False and
-    keep the pages unfreed until the send completes (track=True). `tokens` is the prompt
-    length actually prefilled (default: the reservation's); a shorter one yields an honest
-    short manifest that the receiver rejects. Raises ProtocolError for a malformed
-    reservation and ValueError when src_pages do not hold `tokens` or cannot fit it.
-    """
-    return list(iter_transfer(pool, src_pages, reservation, first_token=first_token,
-                              chunk_bytes=chunk_bytes, sender=sender, tokens=tokens))
-
-
-def iter_transfer(pool, src_pages: np.ndarray, reservation: dict | Reservation, *, first_token: int,
-                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, sender: str = "",
-                  tokens: int | None = None) -> Iterator[list]:
-    """build_transfer's messages one at a time, each checksummed just before it is yielded,
-    so that checksumming chunk i+1 overlaps the socket sending chunk i. Checks its
-    arguments now and raises as build_transfer does."""
-    res = reservation if isinstance(reservation, Reservation) else Reservation.from_wire(reservation)
-    tokens = res.tokens if tokens is None else int(tokens)
-    src = np.asarray(src_pages, dtype=np.int64).reshape(-1)
-    needed = pool.pages_for_tokens(tokens)
-    if tokens < 1 or tokens > res.tokens:
-        raise ValueError(f"request {res.request_id}: {tokens} tokens cannot fill a reservation of {res.tokens}")
-    if len(src) != needed:
-        raise ValueError(f"request {res.request_id}: {len(src)} source pages for {tokens} tokens, {needed} needed")
-    if len(src) and (src.min() < 0 or src.max() >= pool.num_pages):
-        raise ValueError(f"request {res.request_id}: source page outside 0..{pool.num_pages - 1}")
-    layout = KVLayout.of(pool)
-    per_chunk = pages_per_chunk(layout.bytes_per_page, chunk_bytes)
-    manifest = {
-        "op": OP, "request_id": res.request_id, "epoch": int(res.epoch), "tokens": tokens,
-        "pages": res.pages[:needed].tolist(), "page_epochs": res.page_epochs[:needed].tolist(),
-        "layout": layout.to_wire(), "first_token": int(first_token), "sender": sender,
-        "chunks": -(-needed // per_chunk),
-    }
-    tags = transfer_tags(pool, src, res, needed)
-    provenance = None if getattr(pool, "provenance", None) is None else pool.provenance[src]
-    return _chunk_messages(manifest, host_page_rows(pool, src), per_chunk, tags, provenance)
-
-
-def transfer_tags(pool, src: np.ndarray, res: "Reservation", needed: int) -> np.ndarray:
-    """The token tags the shipped pages carry into the decode pool ([pages, page_size] int64):
-    a slot this request wrote in the prefill pool (its tag is the request's own for the page's
-    current epoch) becomes the request's tag for the decode page's epoch; any other slot keeps
-    the tag of whoever wrote it there, so I1 on the decode side names the same writer as the
-    bytes that travel with it."""
-    rows = pool.token_writer[torch.from_numpy(src).to(pool.device)].cpu().numpy()
-    own = rows == pack_tag(np.int64(res.slot), pool.epoch[src])[:, None]
-    decode_tags = pack_tag(np.int64(res.slot), res.page_epochs[:needed].astype(np.int64))
-    return np.where(own, decode_tags[:, None], rows).astype("<i8")
-
-
-def _chunk_messages(manifest: dict, rows: list, per_chunk: int, tags: np.ndarray,
-                    provenance=None) -> Iterator[list]:
-    for chunk, first in enumerate(range(0, len(rows), per_chunk)):
-        frames = rows[first : first + per_chunk]
-        header = {**manifest, "chunk": chunk, "first": first, "count": len(frames),
-                  "checksums": [page_checksum(f) for f in frames], "tags": True}
-        extras = [memoryview(np.ascontiguousarray(tags[first : first + len(frames)])).cast("B")]
-        header["tags_checksum"] = page_checksum(extras[0])  # I1 trusts them as much as the bytes
-        if provenance is not None:
-            # the audit's ground truth travels with the data: whose content each token slot holds
-            header["prov"] = True
-            prov = np.ascontiguousarray(provenance[first : first + len(frames)], dtype="<i4")
-            extras.append(memoryview(prov).cast("B"))
-        yield [pack_header(header), *frames, *extras]
-
-
-def host_page_rows(pool, pages: np.ndarray) -> list[np.ndarray]:
-    """One 1-D uint8 array per page holding its bytes: views of the pool on CPU, rows of
-    one gathered host copy on any other device."""
-    index = np.asarray(pages, dtype=np.int64).reshape(-1)
-    if pool.data.device.type == "cpu":
-        rows = _byte_rows(pool.data)
-        return [rows[p] for p in index]
-    gathered = pool.data.index_select(0, torch.from_numpy(index).to(pool.data.device)).cpu()
-    rows = _byte_rows(gathered)
-    return [rows[j] for j in range(len(index))]
-
-
-def _byte_rows(data: torch.Tensor) -> np.ndarray:
-    # [pages, bytes_per_page] uint8 numpy view sharing memory with a contiguous CPU tensor
-    return data.view(torch.uint8).reshape(data.shape[0], -1).numpy()
-
-
-# ---- decode side ---------------------------------------------------------------------
 
 @dataclass
 class TransferEvent:
@@ -268,7 +74,7 @@ class TransferReceiver:
         self.clock = clock
         self.counts = {kind: 0 for kind in EVENT_KINDS}
         self.bytes_written = 0
-        self._rows = _byte_rows(pool.data) if pool.data.device.type == "cpu" else None
+        self._rows = byte_rows(pool.data) if pool.data.device.type == "cpu" else None
         self._pending: dict[str, _Transfer] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()  # request_id -> how it ended
         # The I3 and I4 defences. Off (only with --allow-faults) the receiver still sees every
@@ -346,9 +152,9 @@ class TransferReceiver:
             pages = [p for p in pages if type(p) is int] if isinstance(pages, list) else []
             detail = f"chunk {_shown(header.get('chunk'))} of request {rid} dropped: {why}"
             raise _Outcome("late", detail, rid, pages, sender)
-        for name in _INT_FIELDS:
+        for name in INT_FIELDS:
             _typed(header, name, "int", rid, sender)
-        for name in _LIST_FIELDS:
+        for name in LIST_FIELDS:
             _typed(header, name, "list", rid, sender)
         _typed(header, "layout", "map", rid, sender)
         frames, tags, prov = _split_extras(header, frames, self.pool.page_size)

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from difflib import SequenceMatcher
 
 from engine.adapters.openai_http import OpenAIHttp, ProbeError
-from engine.guard.canaries import PROMPT_FORM
+from engine.wire.prompt_form import PROMPT_FORM
 
 ALPHABET = string.ascii_lowercase + string.digits
 MARKER_CHARS = (24, 40)
@@ -146,3 +146,21 @@ def served_model(http: OpenAIHttp, url: str, model: str | None, window: int | No
     if not isinstance(window, int) or window < 1:
         raise ProbeError(f"{url} does not say its context window (max_model_len){window_hint}")
     return model or served["id"], window
+
+
+MAX_LONG_TOKENS = 512  # as `main.py probe` chooses by default
+
+
+def open_probe(url: str, *, model: str | None = None, followups: int = 3, rate: float = 2.0,
+               read_chars: int = 256, timeout_s: float = 120.0) -> LeakProbe:
+    """A LeakProbe for the server at `url` (its first model unless `model` names one), with the
+    window its /v1/models says: the set-up `main.py probe` and the GUI's probe view do before
+    their rounds. Raises ProbeError naming the URL (unreachable, no model list, no
+    max_model_len, a window too small to probe)."""
+    http = OpenAIHttp(url, per_second=rate, timeout_s=timeout_s)
+    model, window = served_model(http, url, model)
+    long_tokens = min(MAX_LONG_TOKENS, window - 64)
+    if long_tokens < MARKER_REPLY_TOKENS + 48:
+        raise ProbeError(f"{url}: context window {window} is too small to probe (needs at least 160 tokens)")
+    return LeakProbe(http, model=model, window=window, long_tokens=long_tokens,
+                     followups=followups, read_chars=read_chars, rng=random.SystemRandom())

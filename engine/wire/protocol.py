@@ -33,6 +33,9 @@ _DTYPE_NAMES = {np.dtype(v).newbyteorder("<"): k for k, v in DTYPES.items()}
 # Telemetry topics (DESIGN.md). Page topics are "pages/<pool name>".
 TOPICS = ("pages", "requests", "metrics", "alerts", "workers", "capacity")
 
+# The tenant (and data tier) of the canary requests the supervisor sends on its own.
+CANARY_TENANT = "canary"
+
 
 class ProtocolError(ValueError):
     """A message that does not follow this protocol; names the field and what was expected."""
