@@ -243,7 +243,7 @@ class ControlOps:
     def op_ground_truth(self, identity: bytes, msg: Message) -> None:
         """Every decode worker's own list of the cross-request reads it saw happen."""
         sup = self.sup
-        workers = [w for w in sup.role_workers("decode") if w.state == WorkerState.READY]
+        workers = [w for w in sup.workers.role("decode") if w.state == WorkerState.READY]
         ask_id = next(sup.ask_ids)
         sup.pending_truth[ask_id] = {"client": identity, "id": msg.get("id"), "waiting": {w.name for w in workers},
                                      "reads": []}
@@ -289,7 +289,7 @@ class ControlOps:
         worker = self._worker(msg)
         if worker.state not in (WorkerState.STOPPED, WorkerState.CRASHED):
             raise InvalidRequest(f"worker {worker.name} is {worker.state.value}; only a stopped or crashed worker can start")
-        self.sup.spawn(worker)
+        self.sup.workers.spawn(worker)
         self._reply(identity, msg, worker.describe())
 
     def op_stop(self, identity: bytes, msg: Message) -> None:
@@ -351,11 +351,7 @@ class ControlOps:
         sup.broadcast({"op": "configure", "engine": live, "defences": new.to_dict()["defences"],
                        "faults": new.to_dict()["faults"]})
         for name in restart:
-            worker = sup.workers[name]
-            if worker.state == WorkerState.READY:
-                worker.state = WorkerState.DRAINING  # restarts when its last request ends
-            elif worker.state in (WorkerState.STOPPED, WorkerState.CRASHED):
-                pass  # picks up the new config at its next start
+            sup.workers.drain(sup.workers[name])  # restarts when its last request ends
         sup.publish_capacity()
         sup.publish_workers()
         sup.audit.record("engine", "reconfigured", config=new.to_dict(), restart=sorted(restart))

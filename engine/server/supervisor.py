@@ -31,14 +31,11 @@ from engine.server.request_book import RequestBook
 from engine.server.request_record import Phase, RequestRecord
 from engine.server.telemetry import TelemetryPublisher
 from engine.server.worker_handle import WorkerHandle, WorkerState
+from engine.server.worker_pool import WorkerPool
 from engine.wire.protocol import CANARY_TENANT, ProtocolError, error_reply, pack, unpack
 from engine.wire.sockets import bind_endpoint, drain, harden
 
 DEFAULT_BIND = "tcp://127.0.0.1:5650"
-HEARTBEAT_TIMEOUT_S = 30.0  # only for hung workers: a dead one is seen at once by its exit
-UNRESPONSIVE_S = 10.0  # a pending alert before the heartbeat timeout kills it
-START_TIMEOUT_S = 180.0
-STOP_TIMEOUT_S = 5.0
 METRICS_PERIOD_S = 1.0
 PROGRESS_PERIOD_S = 0.5
 WORKERS_PERIOD_S = 2.0
@@ -102,14 +99,11 @@ class Supervisor:
         self.started_at = time.time()
         self.stopping = False
         self._tokenizer = None
-        self._restart_after_stop: set[str] = set()
-        self._stop_deadline: dict[str, float] = {}
         self._last = {"metrics": 0.0, "workers": 0.0, "capacity": 0.0}
-        self.workers: dict[str, WorkerHandle] = {}
-        for role in ("prefill", "decode"):
-            for i in range(getattr(config.workers, role)):
-                name = f"{role}-{i}"
-                self.workers[name] = WorkerHandle(name, role, self.run_dir)
+        self.workers = WorkerPool({"prefill": config.workers.prefill, "decode": config.workers.decode},
+                                  self.run_dir, self.bus_endpoint, config=lambda: self.config.to_dict(),
+                                  send=self.to_worker, on_spawn=self._worker_spawned,
+                                  on_silent=self._worker_silent, on_exit=self._worker_exited)
         from engine.server.control_ops import ControlOps
         from engine.server.worker_events import WorkerEvents
 
@@ -118,14 +112,8 @@ class Supervisor:
 
     # ---- lifecycle --------------------------------------------------------------------
     def start_workers(self) -> None:
-        for worker in self.workers.values():
-            self.spawn(worker)
+        self.workers.start_all()
         self.publish_capacity()
-
-    def spawn(self, worker: WorkerHandle) -> None:
-        worker.spawn(self.config.to_dict(), self.bus_endpoint)
-        self.audit_worker(worker, "spawned")
-        self.publish_workers()
 
     def run(self, *, until=None) -> None:
         """Serve until shutdown() is requested (or `until()` returns True)."""
@@ -140,7 +128,7 @@ class Supervisor:
             self._drain(self.bus, self.events.handle)
         if self.pub in ready and self.telemetry.drain_subscriptions():
             self.broadcast({"op": "telemetry", "pages": self.telemetry.wants_pages()})
-        self.watch_workers()
+        self.workers.watch()
         self.dispatch()
         self.periodic()
 
@@ -177,14 +165,7 @@ class Supervisor:
     def shutdown(self) -> None:
         """Stop every worker (kill what does not exit in time), close sockets, remove the run dir."""
         self.stopping = True
-        for worker in self.workers.values():
-            if worker.poll_exit() is None and worker.proc is not None:
-                self.to_worker(worker, {"op": "shutdown"})
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for worker in self.workers.values():
-            while worker.poll_exit() is None and worker.proc is not None and time.monotonic() < deadline:
-                time.sleep(0.02)
-            worker.kill()
+        self.workers.shutdown()
         for sock in (self.control, self.pub, self.bus):
             sock.close(linger=0)
         if self.curve is not None:
@@ -211,12 +192,12 @@ class Supervisor:
         max_batch = self.config.engine.max_batch
         # Reserve decode pages only for requests a prefill worker can take soon: pages held
         # for a request that waits on a missing prefill worker would be held for nothing.
-        prefill_room = sum(max_batch - len(w.inflight) for w in self.role_workers("prefill") if w.accepting)
+        prefill_room = sum(max_batch - len(w.inflight) for w in self.workers.role("prefill") if w.accepting)
         prefill_room -= len(self.book.awaiting_prefill) + len(self.book.reserving)
         while self.book.queue and prefill_room > 0:
             rec = self.book[self.book.queue[0]]
             need = -(-(rec.prompt_len + rec.params["max_new_tokens"]) // page_size)
-            decode = [w for w in self.role_workers("decode")
+            decode = [w for w in self.workers.role("decode")
                       if w.accepting and len(w.inflight) < max_batch and w.free_pages >= need]
             if not decode:
                 return self._dispatch_prefill()  # first come, first served: the head waits
@@ -234,7 +215,7 @@ class Supervisor:
     def _dispatch_prefill(self) -> None:
         max_jobs = self.config.engine.max_batch
         while (rec := self.book.next_for_prefill()) is not None:
-            prefill = [w for w in self.role_workers("prefill") if w.accepting and len(w.inflight) < max_jobs]
+            prefill = [w for w in self.workers.role("prefill") if w.accepting and len(w.inflight) < max_jobs]
             if not prefill:
                 return
             worker = min(prefill, key=lambda w: len(w.inflight))
@@ -249,9 +230,6 @@ class Supervisor:
             })
             self.audit.record(rec.request_id, "prefill_sent", worker=worker.name)
             self.publish_request(rec)
-
-    def role_workers(self, role: str) -> list[WorkerHandle]:
-        return [w for w in self.workers.values() if w.role == role]
 
     # ---- ending requests --------------------------------------------------------------
     def finish(self, rec: RequestRecord, phase: Phase, reason: str, error: dict | None = None) -> None:
@@ -298,53 +276,36 @@ class Supervisor:
                     self.to_worker(prefill, {"op": "cancel", "request_id": rid})
             if worker.role == "prefill" and rec.decode_worker:
                 decode = self.workers[rec.decode_worker]
-                if decode.poll_exit() is None and decode.proc is not None:
+                if self.workers.alive(decode):
                     # no transfer can come any more; a late one is dropped by the receiver
                     self.to_worker(decode, {"op": "release", "request_id": rid})
             self.finish(rec, Phase.FAILED, error.code, error.to_wire())
         if worker.role == "decode" and worker.info.get("transfer_endpoint"):
-            for prefill in self.role_workers("prefill"):
-                if prefill.poll_exit() is None and prefill.proc is not None:
+            for prefill in self.workers.role("prefill"):
+                if self.workers.alive(prefill):
                     self.to_worker(prefill, {"op": "forget_endpoint", "endpoint": worker.info["transfer_endpoint"]})
 
-    # ---- worker processes -------------------------------------------------------------
-    def watch_workers(self) -> None:
-        now = time.monotonic()
-        for worker in self.workers.values():
-            code = worker.poll_exit()
-            if code is not None and worker.state not in (WorkerState.STOPPED, WorkerState.CRASHED):
-                self._on_exit(worker, code)
-            elif worker.state == WorkerState.READY and now - worker.last_seen > UNRESPONSIVE_S \
-                    and now - worker.last_seen <= HEARTBEAT_TIMEOUT_S:
-                if self.alerts.alerts.get(f"worker_unresponsive:{worker.name}", {}).get("state") != "pending":
-                    self.alerts.pending("worker_unresponsive", "warning",
-                                        f"worker {worker.name} (pid {worker.pid}) silent for "
-                                        f"{now - worker.last_seen:.0f} s", subject=worker.name, worker=worker.name)
-            elif worker.state == WorkerState.READY and now - worker.last_seen > HEARTBEAT_TIMEOUT_S:
-                worker.reason = f"no heartbeat for {now - worker.last_seen:.1f} s"
-                worker.dump_stack()
-                worker.kill()  # hung: the exit is handled on the next pass
-            elif worker.state == WorkerState.STARTING and now - worker.started_at > START_TIMEOUT_S:
-                worker.reason = f"did not say hello within {START_TIMEOUT_S:.0f} s"
-                worker.kill()
-            elif worker.state == WorkerState.STOPPING and now > self._stop_deadline.get(worker.name, now + 1):
-                worker.kill()
-            elif worker.state == WorkerState.DRAINING and not worker.inflight:
-                self.stop_worker(worker, restart=True)
+    # ---- worker processes (their states: WorkerPool) -----------------------------------
+    def stop_worker(self, worker: WorkerHandle, *, restart: bool = False) -> None:
+        """Stop a worker (and start it again when `restart`); its requests fail at once."""
+        if self.workers.stop(worker, restart=restart):
+            self.fail_worker_requests(worker, WorkerStopped, f"worker {worker.name} was stopped")
+            self.publish_workers()
 
-    def _on_exit(self, worker: WorkerHandle, code: int) -> None:
-        worker.exit_code = code
-        if worker.state == WorkerState.STOPPING:
-            worker.state = WorkerState.STOPPED
+    def _worker_spawned(self, worker: WorkerHandle) -> None:
+        self.audit_worker(worker, "spawned")
+        self.publish_workers()
+
+    def _worker_silent(self, worker: WorkerHandle, seconds: float) -> None:
+        if self.alerts.alerts.get(f"worker_unresponsive:{worker.name}", {}).get("state") != "pending":
+            self.alerts.pending("worker_unresponsive", "warning", f"worker {worker.name} (pid {worker.pid}) "
+                                f"silent for {seconds:.0f} s", subject=worker.name, worker=worker.name)
+
+    def _worker_exited(self, worker: WorkerHandle, crashed: bool) -> None:
+        if not crashed:
             self.fail_worker_requests(worker, WorkerStopped, f"worker {worker.name} was stopped")
             self.audit_worker(worker, "stopped")
-            if worker.name in self._restart_after_stop:
-                self._restart_after_stop.discard(worker.name)
-                self.spawn(worker)
         else:
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            worker.reason = f"{worker.reason}; {how}" if worker.reason else how
-            worker.state = WorkerState.CRASHED
             why = f"worker {worker.name} (pid {worker.pid}) {worker.reason}"
             self.fail_worker_requests(worker, WorkerCrashed, why)
             self.alert("worker_crashed", "critical", why, subject=worker.name, condition=True,
@@ -353,24 +314,10 @@ class Supervisor:
             self.audit_worker(worker, "crashed")
         self.publish_workers()
 
-    def stop_worker(self, worker: WorkerHandle, *, restart: bool = False) -> None:
-        if worker.poll_exit() is not None or worker.proc is None:
-            worker.state = WorkerState.STOPPED
-            if restart:
-                self.spawn(worker)
-            return
-        worker.state = WorkerState.STOPPING
-        self._stop_deadline[worker.name] = time.monotonic() + STOP_TIMEOUT_S
-        if restart:
-            self._restart_after_stop.add(worker.name)
-        self.fail_worker_requests(worker, WorkerStopped, f"worker {worker.name} was stopped")
-        self.to_worker(worker, {"op": "shutdown"})
-        self.publish_workers()
-
     # ---- telemetry --------------------------------------------------------------------
     def periodic(self) -> None:
         now = time.monotonic()
-        if self.canaries.due(now) and any(w.accepting for w in self.role_workers("decode")):
+        if self.canaries.due(now) and any(w.accepting for w in self.workers.role("decode")):
             self.ops.fire_canary()
         if self.progressed and now - self._last.get("progress", 0.0) >= PROGRESS_PERIOD_S:
             self._last["progress"] = now

@@ -35,10 +35,7 @@ class WorkerEvents:
         sup = self.sup
         if worker.state != WorkerState.STARTING or field_of(msg, "token", "str") != worker.token:
             raise ProtocolError(f"hello from {worker.name} refused: not expected or wrong token")
-        worker.info = dict(msg.header)
-        worker.info.pop("token", None)
-        worker.stats = {"free_pages": worker.info["pool"]["pages"], "used_pages": 0}
-        worker.state, worker.last_seen = WorkerState.READY, time.monotonic()
+        sup.workers.hello(worker, {k: v for k, v in msg.header.items() if k != "token"})
         sup.audit_worker(worker, "ready")
         sup.alerts.resolve("worker_crashed", worker.name)
         sup.to_worker(worker, {"op": "telemetry", "pages": sup.telemetry.wants_pages()})
@@ -149,7 +146,7 @@ class WorkerEvents:
         sup.audit.record(rid, "cancel_ack", worker=worker.name, sent=msg.get("sent"))
         if rec is not None and rec.decode_worker:
             decode = sup.workers[rec.decode_worker]
-            if decode.poll_exit() is None and decode.proc is not None:
+            if sup.workers.alive(decode):
                 sup.to_worker(decode, {"op": "release", "request_id": rid})
 
     def on_released(self, worker: WorkerHandle, msg: Message) -> None:

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config import REPO_ROOT
-
-TOKEN_ENV = "PAGEWARDEN_WORKER_TOKEN"
+from engine.wire.protocol import TOKEN_ENV
 
 
 class WorkerState(str, enum.Enum):

@@ -33,6 +33,9 @@ _DTYPE_NAMES = {np.dtype(v).newbyteorder("<"): k for k, v in DTYPES.items()}
 # Telemetry topics (DESIGN.md). Page topics are "pages/<pool name>".
 TOPICS = ("pages", "requests", "metrics", "alerts", "workers", "capacity")
 
+# The environment variable that hands a worker its bus token (never on a command line).
+TOKEN_ENV = "PAGEWARDEN_WORKER_TOKEN"
+
 # The tenant (and data tier) of the canary requests the supervisor sends on its own.
 CANARY_TENANT = "canary"
 

@@ -97,7 +97,7 @@ class WorkerLoop:
 
     def on_bus(self, msg: Message) -> None:
         op = msg.op
-        if op == "shutdown":
+        if op == "stop":  # the client op of the same name, relayed: exit cleanly
             self.stopping = True
         elif op == "ping":
             pass

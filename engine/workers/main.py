@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 
-TOKEN_ENV = "PAGEWARDEN_WORKER_TOKEN"
+from engine.wire.protocol import TOKEN_ENV
 
 
 def _die_with_parent() -> None:

@@ -81,7 +81,7 @@ class Harness:
         return self.expect("page_metadata").arrays
 
     def close(self):
-        self.send({"op": "shutdown"})
+        self.send({"op": "stop"})
         self.thread.join(timeout=10)
         self.push.close()
         self.bus.close()

@@ -27,7 +27,7 @@ def _scramble(pool, seed: int) -> None:
 def _capture_logits(engine) -> dict[str, list[torch.Tensor]]:
     """Record each request's logits as the engine computes them (observation only)."""
     seen: dict[str, list[torch.Tensor]] = {}
-    prefill, decode = engine.core.prefill, engine.core.decode
+    prefill, decode = engine.runner.prefill, engine.runner.decode
 
     def record(requests, logits):
         for req, row in zip(requests, logits):
@@ -43,7 +43,7 @@ def _capture_logits(engine) -> dict[str, list[torch.Tensor]]:
         record(requests, result.logits)
         return result
 
-    engine.core.prefill, engine.core.decode = prefill_and_record, decode_and_record
+    engine.runner.prefill, engine.runner.decode = prefill_and_record, decode_and_record
     return seen
 
 

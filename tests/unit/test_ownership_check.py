@@ -111,7 +111,7 @@ def test_a_stale_page_table_entry_is_refused_for_reads_and_writes(make_engine):
     stolen = int(b.page_table.pages[0])
     # a's table goes stale: its second page now points at b's page
     a.page_table.pages[1] = stolen
-    engine.core._tables_key = None
+    engine.runner._tables_key = None
     engine.step()
     assert isinstance(a.error, OwnershipViolation)
     assert any(p["page"] == stolen and p["owner"] == b.slot for p in a.error.pages)
@@ -145,7 +145,7 @@ def test_a_page_another_request_wrote_into_flags_its_owner_when_it_reads_the_wri
     engine.take_events()
     stolen = int(b.page_table.pages[0])
     a.page_table.pages[1] = stolen  # a writes position 18 to offset 2 of b's page
-    engine.core._tables_key = None
+    engine.runner._tables_key = None
     engine.step()
     events = engine.take_events()
     reads = {e["request"] for e in events if e["kind"] == "cross_read"}
@@ -169,7 +169,7 @@ def test_a_foreign_write_is_caught_where_it_is_read_and_nowhere_else(make_engine
     engine.take_events()
     stolen = int(b.page_table.pages[0])
     a.page_table.pages[1] = stolen
-    engine.core._tables_key = None
+    engine.runner._tables_key = None
     engine.step()  # a finishes
     events = engine.take_events()
     assert {e["request"] for e in events if e["kind"] == "ownership_violation"} == {"a"}
