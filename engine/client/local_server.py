@@ -5,6 +5,7 @@ through the real EngineClient — for `reproduce`, the benches and the end-to-en
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from engine.client import EngineClient, TelemetrySubscriber
 from engine.config import REPO_ROOT, EngineConfig
+from engine.parent_watch import PARENT_ENV
 
 READY_TIMEOUT_S = 180.0
 MAIN = REPO_ROOT / "main.py"
@@ -50,6 +52,7 @@ class LocalServer:
             self.proc = subprocess.Popen(
                 serve_command("--config", str(config_path), *extra, bind=bind),
                 cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
+                env={**os.environ, PARENT_ENV: str(os.getpid())},  # it dies with this process
             )
         line = self.proc.stdout.readline()
         if not line:

@@ -30,7 +30,10 @@ def register(sub) -> None:
 
 def cmd_serve(args) -> int:
     from engine.errors import PageWardenError
+    from engine.parent_watch import die_with_parent_from_env
     from engine.server.supervisor import Supervisor
+
+    die_with_parent_from_env()  # started by LocalServer: end (SIGTERM, a clean stop) with it
 
     curve = None
     try:

@@ -7,23 +7,14 @@ Started by the supervisor, never by hand. The worker token comes in the environm
 from __future__ import annotations
 
 import argparse
-import ctypes
 import faulthandler
 import json
 import os
 import signal
 import sys
 
+from engine.parent_watch import die_with_parent
 from engine.wire.protocol import TOKEN_ENV
-
-
-def _die_with_parent() -> None:
-    """Linux: get SIGTERM when the supervisor dies, so no worker outlives it."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # elsewhere the orphan timeout in the loop does the same, later
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--config-json", required=True, help="the engine config as JSON")
     args = parser.parse_args(argv)
-    _die_with_parent()
+    die_with_parent()  # SIGTERM when the supervisor dies, so no worker outlives it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # The supervisor sends SIGUSR1 to a worker that stopped answering before it kills it:
     # the stack lands in the worker's log, and the crash alert quotes it.
