@@ -7,17 +7,15 @@ import time
 
 from engine import __version__
 from engine.admission import check_admission, check_prompt_ids
-from engine.capacity import check_capacity, exceeding
-from engine.errors import AdmissionRejected, ConfigError, InvalidRequest, PageWardenError
+from engine.errors import AdmissionRejected, InvalidRequest, PageWardenError
 from engine.request import SamplingParams
+from engine.server.reconfigure import reconfigure
 from engine.server.request_record import Phase, RequestRecord
 from engine.server.worker_handle import WorkerState
 from engine.wire.protocol import CANARY_TENANT, CLIENT_OPS, Message, ProtocolError, field_of, pack, reply
 
 MAX_PROMPT_TOKENS = 1 << 21
 # Settings a worker applies between steps; anything else in [engine] or [pools] restarts it.
-LIVE_ENGINE_KEYS = {"scrub_policy", "max_batch", "ownership_policy"}
-SUPERVISOR_ENGINE_KEYS = {"context_window", "max_batch", "strict_capacity"}
 
 
 class ControlOps:
@@ -306,54 +304,6 @@ class ControlOps:
 
     def op_reconfigure(self, identity: bytes, msg: Message) -> None:
         """Validate first and report the capacity consequence; apply only when asked."""
-        sup = self.sup
         changes = field_of(msg, "changes", "map")
         apply = field_of(msg, "apply", "bool", default=False)
-        try:
-            new = sup.config.replace(**changes)
-        except (ConfigError, TypeError, AttributeError) as exc:
-            raise ConfigError(f"reconfigure refused: {exc}") from None
-        new.check_faults_allowed(sup.allow_faults)
-        findings = check_capacity(new, model_max_positions=sup.model_config.max_position_embeddings)
-        restart = self._needs_restart(sup.config, new)
-        result = {
-            "valid": True, "applied": False, "findings": [f.to_dict() for f in findings],
-            "exceeds": bool(exceeding(findings)), "restart": sorted(restart), "config": new.to_dict(),
-            "consequence": [f.message() for f in findings], "dangerous": new.dangerous(),
-        }
-        if apply:
-            if new.engine.strict_capacity and exceeding(findings):
-                raise ConfigError("strict capacity refuses: " + "; ".join(f.message() for f in exceeding(findings)))
-            self._apply(new, restart)
-            result["applied"] = True
-        self._reply(identity, msg, result)
-
-    def _needs_restart(self, old, new) -> set[str]:
-        """Workers whose process must restart for the change to take effect."""
-        restart = set()
-        old_d, new_d = old.to_dict(), new.to_dict()
-        engine_changed = {k for k in new_d["engine"] if new_d["engine"][k] != old_d["engine"][k]}
-        structural = engine_changed - LIVE_ENGINE_KEYS - SUPERVISOR_ENGINE_KEYS
-        for worker in self.sup.workers.values():
-            if structural or new_d["model"] != old_d["model"] or new_d["audit"] != old_d["audit"] or \
-                    new_d["pools"][worker.role] != old_d["pools"][worker.role]:
-                restart.add(worker.name)
-        if new_d["workers"] != old_d["workers"]:
-            raise ConfigError("the number of workers cannot change while serving; restart the engine")
-        return restart
-
-    def _apply(self, new, restart: set[str]) -> None:
-        sup = self.sup
-        live = {k: v for k, v in new.to_dict()["engine"].items() if k in LIVE_ENGINE_KEYS}
-        sup.config = new
-        sup.findings = sup._capacity(new)
-        sup.canaries.configure(new.canaries)
-        sup.broadcast({"op": "configure", "engine": live, "defences": new.to_dict()["defences"],
-                       "faults": new.to_dict()["faults"]})
-        for name in restart:
-            sup.workers.drain(sup.workers[name])  # restarts when its last request ends
-        sup.publish_capacity()
-        sup.publish_workers()
-        sup.audit.record("engine", "reconfigured", config=new.to_dict(), restart=sorted(restart))
-
-
+        self._reply(identity, msg, reconfigure(self.sup, changes, apply=apply))

@@ -1,0 +1,63 @@
+"""Reconfigure a running engine: validate, report what the change means (capacity, which
+workers restart, what is dangerous), apply on request. Live keys reach the workers at once;
+a structural change drains the workers it concerns, which restart with it."""
+
+from __future__ import annotations
+
+from engine.capacity import check_capacity, exceeding
+from engine.errors import ConfigError
+
+LIVE_ENGINE_KEYS = {"scrub_policy", "max_batch", "ownership_policy"}  # workers take them while running
+SUPERVISOR_ENGINE_KEYS = {"context_window", "max_batch", "strict_capacity"}  # the supervisor's own
+
+
+def reconfigure(sup, changes: dict, *, apply: bool) -> dict:
+    """Validate `changes` against the running config and report the capacity consequence
+    and which workers must restart; apply them only when `apply`. Raises ConfigError."""
+    try:
+        new = sup.config.replace(**changes)
+    except (ConfigError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"reconfigure refused: {exc}") from None
+    new.check_faults_allowed(sup.allow_faults)
+    findings = check_capacity(new, model_max_positions=sup.model_config.max_position_embeddings)
+    restart = needs_restart(sup.config, new, sup.workers.values())
+    result = {
+        "valid": True, "applied": False, "findings": [f.to_dict() for f in findings],
+        "exceeds": bool(exceeding(findings)), "restart": sorted(restart), "config": new.to_dict(),
+        "consequence": [f.message() for f in findings], "dangerous": new.dangerous(),
+    }
+    if apply:
+        if new.engine.strict_capacity and exceeding(findings):
+            raise ConfigError("strict capacity refuses: " + "; ".join(f.message() for f in exceeding(findings)))
+        _apply(sup, new, restart)
+        result["applied"] = True
+    return result
+
+
+def needs_restart(old, new, workers) -> set[str]:
+    """Workers whose process must restart for the change to take effect."""
+    restart = set()
+    old_d, new_d = old.to_dict(), new.to_dict()
+    engine_changed = {k for k in new_d["engine"] if new_d["engine"][k] != old_d["engine"][k]}
+    structural = engine_changed - LIVE_ENGINE_KEYS - SUPERVISOR_ENGINE_KEYS
+    for worker in workers:
+        if structural or new_d["model"] != old_d["model"] or new_d["audit"] != old_d["audit"] or \
+                new_d["pools"][worker.role] != old_d["pools"][worker.role]:
+            restart.add(worker.name)
+    if new_d["workers"] != old_d["workers"]:
+        raise ConfigError("the number of workers cannot change while serving; restart the engine")
+    return restart
+
+
+def _apply(sup, new, restart: set[str]) -> None:
+    live = {k: v for k, v in new.to_dict()["engine"].items() if k in LIVE_ENGINE_KEYS}
+    sup.config = new
+    sup.findings = sup._capacity(new)
+    sup.canaries.configure(new.canaries)
+    sup.broadcast({"op": "configure", "engine": live, "defences": new.to_dict()["defences"],
+                   "faults": new.to_dict()["faults"]})
+    for name in restart:
+        sup.workers.drain(sup.workers[name])  # restarts when its last request ends
+    sup.publish_capacity()
+    sup.publish_workers()
+    sup.audit.record("engine", "reconfigured", config=new.to_dict(), restart=sorted(restart))
