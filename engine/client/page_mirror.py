@@ -1,7 +1,9 @@
 """PageMirror: page metadata rebuilt from `pages/<pool>` keyframes and deltas (Qt-free).
 
 A delta applies only on top of the message just before it (seq + 1); after a gap the pool
-is marked stale until the next keyframe, which the owner should then ask for.
+is marked stale until the next keyframe, which the owner should then ask for. Each pool
+collects the pages changed since its reader last took them (`PoolMirror.take_changes`), so
+a reader that skips messages still recomputes only what changed.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from engine.wire.protocol import PAGE_FIELDS, Message, ProtocolError, check_page
 
 @dataclass
 class PoolMirror:
+    """One pool's page arrays. `changed` holds the last message's pages; the pages changed
+    since the last `take_changes()` are collected separately for the pool's one reader."""
+
     name: str
     role: str
     num_pages: int
@@ -23,6 +28,36 @@ class PoolMirror:
     arrays: dict[str, np.ndarray]
     stale: bool = False
     changed: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int32))
+    _pending: list[np.ndarray] = field(default_factory=list, repr=False)
+    _pending_count: int = field(default=0, repr=False)
+    _all_pending: bool = field(default=True, repr=False)  # a new pool: every page is new
+
+    def note_changes(self, index: np.ndarray | None) -> None:
+        """Record pages changed by the message just applied (None: every page)."""
+        if index is None:
+            self.changed = np.arange(self.num_pages, dtype=np.int32)
+            self._pending, self._pending_count, self._all_pending = [], 0, True
+            return
+        self.changed = np.asarray(index, dtype=np.int32).copy()
+        if self._all_pending or not len(self.changed):
+            return
+        self._pending.append(self.changed)
+        self._pending_count += len(self.changed)
+        if self._pending_count > self.num_pages:  # bound the memory of an unread pool
+            merged = np.unique(np.concatenate(self._pending))
+            self._pending, self._pending_count = [merged], len(merged)
+
+    def take_changes(self) -> np.ndarray | None:
+        """The sorted distinct pages (int32) changed since the last call, or None when every
+        page must be redrawn (a new pool). Clears what it returns: one reader per pool."""
+        if self._all_pending:
+            changes = None
+        elif not self._pending:
+            changes = np.empty(0, dtype=np.int32)
+        else:
+            changes = np.unique(np.concatenate(self._pending)).astype(np.int32, copy=False)
+        self._pending, self._pending_count, self._all_pending = [], 0, False
+        return changes
 
 
 class PageMirror:
@@ -42,11 +77,7 @@ class PageMirror:
             raise ProtocolError("pages message needs pool, kind (keyframe|delta) and seq")
         pool = self.pools.get(name)
         if kind == "keyframe":
-            num_pages = int(msg.get("num_pages", -1))
-            check_page_arrays(msg, num_pages)
-            arrays = {k: msg.arrays[k].copy() for k in PAGE_FIELDS}
-            self.pools[name] = PoolMirror(name, str(msg.get("role", "")), num_pages, int(msg.get("page_size", 0)),
-                                          seq, arrays, changed=np.arange(num_pages, dtype=np.int32))
+            self._keyframe(name, seq, msg, pool)
             return True
         if pool is None or pool.stale:
             return False
@@ -59,5 +90,21 @@ class PageMirror:
         for key in PAGE_FIELDS:
             pool.arrays[key][index] = msg.arrays[key]
         pool.seq = seq
-        pool.changed = index.copy()
+        pool.note_changes(index)
         return True
+
+    def _keyframe(self, name: str, seq: int, msg: Message, pool: PoolMirror | None) -> None:
+        num_pages = int(msg.get("num_pages", -1))
+        check_page_arrays(msg, num_pages)
+        arrays = {k: msg.arrays[k].copy() for k in PAGE_FIELDS}
+        role, page_size = str(msg.get("role", "")), int(msg.get("page_size", 0))
+        if pool is None or (pool.num_pages, pool.role, pool.page_size) != (num_pages, role, page_size):
+            self.pools[name] = PoolMirror(name, role, num_pages, page_size, seq, arrays,
+                                          changed=np.arange(num_pages, dtype=np.int32))
+            return
+        # the same pool again (a resync): what differs from the mirror is what changed
+        differs = np.zeros(num_pages, dtype=bool)
+        for key in PAGE_FIELDS:
+            differs |= pool.arrays[key] != arrays[key]
+        pool.arrays, pool.seq, pool.stale = arrays, seq, False
+        pool.note_changes(np.flatnonzero(differs))

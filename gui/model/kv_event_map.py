@@ -168,7 +168,7 @@ class KvEventMap:
             pool = self.pools[name] = KvPool(name, rank, medium, mirror, by_slot)
         else:
             old = pool.mirror.arrays
-            pool.mirror.changed = np.flatnonzero((old["owner"] != owner) | (old["state"] != state)).astype(np.int32)
+            pool.mirror.note_changes(np.flatnonzero((old["owner"] != owner) | (old["state"] != state)))
             pool.mirror.arrays = arrays
             pool.mirror.seq += 1
             pool.by_slot = by_slot

@@ -2,9 +2,9 @@
 
 Pages go row-major into a grid about as wide as it is tall (the width a multiple of 8);
 cells past the last page are NO_PAGE padding. PoolImage follows one pool of a PageMirror
-and recomputes only the pages that changed: the last message's `changed` indices when
-it saw the message just before, a diff against its own copy of owner/state after it
-missed some, everything after a mode change.
+and recomputes only the pages that changed: the pool's `take_changes()` (every page the
+messages since the last update touched, however many), everything for a new pool or after
+a mode change.
 
 Qt-free: numpy only.
 """
@@ -76,10 +76,7 @@ class PoolImage:
         self._display: np.ndarray | None = None  # tenant/state mode; None in request mode
         self.counts = np.zeros(256, dtype=np.int64)
         self._pool: PoolMirror | None = None
-        self._seq: int | None = None
         self._generation = -1
-        self._owner = np.empty(0, dtype=np.int32)  # owner/state as last drawn (for diffs)
-        self._state = np.empty(0, dtype=np.uint8)
         self.last_update_pages = 0  # pages recomputed by the last update (for tests and benches)
 
     @property
@@ -97,17 +94,11 @@ class PoolImage:
     def update(self, pool: PoolMirror) -> bool:
         """Bring the image up to the pool's metadata; True if any cell may have changed."""
         generation_changed = self._generation != self.colors.generation
-        if pool.num_pages != self.grid.num_pages or self._pool is None:
-            self._resize(pool.num_pages)
+        index = pool.take_changes()  # the pages touched since the last update (None: all)
+        if pool is not self._pool or pool.num_pages != self.grid.num_pages:
+            self._resize(pool.num_pages)  # a new pool object: nothing drawn belongs to it
             index = None
-        elif pool is self._pool and pool.seq == self._seq:
-            index = np.empty(0, dtype=np.int32)
-        elif pool is self._pool and pool.seq == self._seq + 1:
-            index = pool.changed  # exactly the last message's pages
-        else:
-            # missed messages, or a new keyframe object: what differs from what we drew
-            index = np.flatnonzero((pool.arrays["owner"] != self._owner) | (pool.arrays["state"] != self._state))
-        self._pool, self._seq = pool, pool.seq
+        self._pool = pool
         if index is not None:
             index = index.astype(np.intp)  # numpy gathers and scatters with intp 2-3x faster
         if index is None:
@@ -138,8 +129,6 @@ class PoolImage:
         self.owner_image = np.full((self.grid.rows, self.grid.cols), NO_PAGE, dtype=np.uint8)
         self.counts[NO_PAGE] = self.owner_image.size
         self._display = None
-        self._owner = np.full(num_pages, -1, dtype=np.int32)
-        self._state = np.zeros(num_pages, dtype=np.uint8)
 
     def _recompute_owner_image(self, pool: PoolMirror, index: np.ndarray) -> None:
         owner, state = pool.arrays["owner"][index], pool.arrays["state"][index]
@@ -149,8 +138,6 @@ class PoolImage:
         flat[index] = new
         self.counts += delta
         self.colors.owners.count(delta)
-        self._owner[index] = owner
-        self._state[index] = state
         self.last_update_pages = len(new)
 
     def _recompute_display(self, pool: PoolMirror, index) -> None:
