@@ -1,15 +1,17 @@
 """MainWindow: composes the views over one EngineState and routes commands to the engine.
 
-Data flows one way: transport -> EngineState -> widgets (repainted by a 10 Hz timer from
-the latest state, never once per message). Commands flow the other way: widget signal ->
-transport.request -> the engine; answers come back as transport.reply.
+Data flows one way: transport -> EngineState -> widgets. Each view follows the state's
+events it shows (see gui/widgets/state_view.py); the window's 10 Hz timer flushes them, so
+views repaint from the latest state, never once per message, and the window names no view
+in its refresh. Commands flow the other way: widget signal -> transport.request -> the
+engine; answers come back as transport.reply.
 """
 
 from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import QSettings, Qt, QTimer, Signal
+from PySide6.QtCore import QObject, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
@@ -41,6 +43,7 @@ from gui.widgets.metrics_plots import MetricsPlots
 from gui.widgets.page_map import PageMapWidget
 from gui.widgets.requests_table import RequestsTable
 from gui.widgets.snapshot_banner import SnapshotBanner
+from gui.widgets.state_view import StateView
 from gui.widgets.status_line import StatusLine
 from gui.widgets.toast import Toast
 from gui.widgets.workers_panel import WorkersPanel
@@ -70,11 +73,9 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self.hosted = False
         self.connection = "disconnected"
         self.demo: DemoLoad | None = None
-        self._changed: set[str] = set()
         self._pending_reconfigure: dict[int, bool] = {}
         self._scope_ticket: int | None = None
         self._last_keyframe_ask = 0.0
-        self._was_stale = None
         self.snapshot = None  # an OpenedSnapshot while the window shows a bundle
         self.export_job = None
         self.last_export: str | None = None
@@ -125,10 +126,8 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self._dock("Metrics", self.metrics, Qt.DockWidgetArea.RightDockWidgetArea)
         self.status_line = StatusLine(state)
         self.statusBar().addPermanentWidget(self.status_line, 1)
-        self.toast = Toast(self)
-        # selection follows across views
-        self.page_map.request_selected.connect(self.requests_table.select_request)
-        self.requests_table.request_selected.connect(self.page_map.select_request)
+        self.toast = Toast(self, state=state)
+        # selection needs no wiring: every view follows state.selection
         self.workers_panel.command_requested.connect(self.worker_command)
         self.workers_panel.reconfigure_requested.connect(self.open_reconfigure)
         self.banner.reconfigure_requested.connect(self.open_reconfigure)
@@ -232,30 +231,36 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
             self._remember(endpoint)
 
     def _fresh_state(self, state: EngineState | None = None) -> EngineState:
-        # a new engine (or a snapshot): new state object for every view
+        """A new engine (or a snapshot): a new state object for every view, each repainted
+        from it at the next refresh."""
         state = state or EngineState()
-        for view in (self.banner, self.page_map, self.requests_table, self.alerts_table, self.workers_panel,
-                     self.metrics, self.status_line, self.alert_detail):
+        for view in self.state_views():
             view.state = state
+        state.events.mark_all()
         return state
+
+    def state_views(self) -> list[StateView]:
+        """Every view in this window that shows the EngineState."""
+        return [child for child in self.findChildren(QObject)
+                if isinstance(child, StateView) and child.shows_window_state]
 
     def on_telemetry(self, messages: list) -> None:
         for msg in messages:
-            self._changed |= self.state.apply(msg)
+            self.state.apply(msg)  # marks what changed; views repaint at the next refresh
 
     def on_status(self, status: dict) -> None:
-        self._changed |= self.state.apply_status(status)
+        self.state.apply_status(status)
         if not self.state.alerts and status.get("alerts"):
             from engine.wire.protocol import Message
 
             for record in status["alerts"]:
-                self._changed |= self.state.apply(Message({"topic": "alerts", **record}))
+                self.state.apply(Message({"topic": "alerts", **record}))
 
     def on_connection(self, state: str) -> None:
         self.connection = state
         self.status_line.set_connection(state)
         self.workers_panel.set_connected(state == "connected")
-        self._changed.add("connection")
+        self.state.events.connection.mark()
         if state == "connected":
             self.ask_keyframe()
 
@@ -286,33 +291,15 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
 
     # ---- the 10 Hz repaint ------------------------------------------------------------
     def refresh(self) -> None:
+        """The frame: every view whose events were marked since the last one repaints once."""
         self._refresh_probe()
-        changed, self._changed = self._changed, set()
         if self.kv_mode:
             self._refresh_kv()
             self._update_enablement()
             return
-        stale = self.snapshot is None and (self.state.is_stale() or self.connection != "connected")
-        if stale != self._was_stale:
-            self._was_stale = stale
-            changed |= {"pages", "metrics", "workers"}
-            self.page_map.set_stale(stale)
-            self.metrics.set_stale(stale)
-        if "pages" in changed or "requests" in changed:
-            self.page_map.refresh()
-        if "requests" in changed:
-            self.requests_table.refresh()
-        if "alerts" in changed:
-            self.alerts_table.refresh()
-            for alert in self.state.take_new_alerts():
-                self.toast.show_alert(alert)
-        if changed & {"workers", "connection"}:
-            self.workers_panel.refresh()
-        if changed & {"capacity", "engine"}:
-            self.banner.refresh()
-        if "metrics" in changed:
-            self.metrics.refresh()
-        self.status_line.refresh()
+        self.state.check_stale(connected=self.connection == "connected", live=self.snapshot is None)
+        self.state.events.frame.mark()
+        self.state.events.flush()
         self._update_enablement()
         if self.state.pages.stale_pools() and time.monotonic() - self._last_keyframe_ask > KEYFRAME_RETRY_S:
             self.ask_keyframe()  # a sequence gap: resynchronise
@@ -358,10 +345,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
 
     def select_request(self, request_id: str) -> None:
         """Select a request everywhere: the page maps highlight it, the table shows it."""
-        self.page_map.select_request(request_id)
-        self.requests_table.select_request(request_id)
-        self.state.selected_request = request_id
-        self._changed.add("pages")
+        self.state.select_request(request_id)
 
     def acknowledge_alerts(self, ids: list) -> None:
         ids = self.acknowledge_probe_alerts(list(ids))

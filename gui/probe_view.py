@@ -125,7 +125,7 @@ class ProbeMixin:
             for row in rows:
                 self.state.alerts[row.id] = row
                 self.state.new_alerts.append(row)
-            self._changed.add("alerts")
+            self.state.events.alerts.mark()
             if self.kv_mode:  # the window's refresh skips the engine's views there
                 self._show_probe_alerts()
         self._refresh_probe()
@@ -146,7 +146,7 @@ class ProbeMixin:
                 if row.id in self.state.alerts:
                     self.state.alerts[row.id] = self.probe_alerts[n]
         if local:
-            self._changed.add("alerts")
+            self.state.events.alerts.mark()
         return [i for i in ids if str(i) not in local]
 
     def _refresh_probe(self) -> None:
@@ -157,7 +157,7 @@ class ProbeMixin:
             for row in missing:
                 self.state.alerts[row.id] = row
             if missing:
-                self._changed.add("alerts")
+                self.state.events.alerts.mark()
                 if self.kv_mode:
                     self._show_probe_alerts()
         schedule = self.probe

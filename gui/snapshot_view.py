@@ -89,7 +89,6 @@ class SnapshotMixin:
         for view in (self.workers_panel, self.alerts_table, self.banner):
             view.set_readonly(True)
         self.alert_detail.show_alert(None)
-        self._changed |= {"pages", "requests", "alerts", "workers", "capacity", "engine", "metrics", "connection"}
         self.state.take_new_alerts()
         self.refresh()
         self.setWindowTitle(f"PageWarden — snapshot {opened.path.name} (read-only)")
@@ -102,7 +101,6 @@ class SnapshotMixin:
         self.state = self._fresh_state()
         self.connection = "disconnected"
         self.status_line.set_endpoint("", hosted=False)
-        self._changed |= {"pages", "requests", "alerts", "workers", "capacity", "engine", "metrics", "connection"}
         self.refresh()
 
     def _leave_snapshot(self) -> None:

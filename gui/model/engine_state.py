@@ -1,7 +1,9 @@
 """EngineState: everything the window shows, rebuilt from telemetry and status replies.
 
-Qt-free: `apply(message)` folds one decoded telemetry message in and says which parts
-changed; the window repaints those parts at most 10 times a second from the latest state.
+Qt-free: `apply(message)` folds one decoded telemetry message in, says which parts changed
+and marks them in `events` (one emitter per part, EVENTS); views connect to the parts they
+show, and the window's 10 Hz timer flushes the marks, so each view repaints at most once a
+frame from the latest state. `selection` is the window's one selected request.
 """
 
 from __future__ import annotations
@@ -12,12 +14,20 @@ from dataclasses import dataclass, field
 
 from engine.client import PageMirror
 from engine.wire.protocol import Message
+from gui.model.events import Events
+from gui.model.selection import Selection
 
 MAX_REQUESTS = 5_000  # rows kept in the requests table (oldest finished ones go first)
 MAX_ALERTS = 2_000
 STALE_AFTER_S = 3.0  # no telemetry for this long: show everything as stale, not healthy
 METRIC_WINDOW_S = 600.0  # the plots show the last ten minutes
 METRIC_SERIES = ("tokens_per_s", "ttft_ms_p50", "tpot_ms_p50", "queue_depth", "running")
+# What a view can follow. A telemetry topic T handled by `_on_T` marks event T; status
+# replies mark workers/capacity/engine; the window marks connection (the link changed) and
+# frame (every repaint: what depends on the clock alone); check_stale marks stale;
+# selection is emitted at once by `selection`.
+EVENTS = ("pages", "requests", "alerts", "workers", "capacity", "engine", "metrics", "connection", "stale",
+          "frame", "selection")
 
 
 @dataclass
@@ -91,8 +101,30 @@ class EngineState:
         self.engine: dict = {}  # from status: endpoints, model, version
         self.config: dict = {}
         self.last_message_at: float | None = None
-        self.selected_request: str | None = None
         self.messages = 0
+        self.stale: bool | None = None  # as last shown (check_stale); None before the first check
+        self.events = Events(*EVENTS)
+        self.selection = Selection(self.events.selection)
+
+    # ---- selection ------------------------------------------------------------------------
+    @property
+    def selected_request(self) -> str | None:
+        return self.selection.request_id
+
+    @selected_request.setter
+    def selected_request(self, request_id: str | None) -> None:
+        self.select_request(request_id)
+
+    def select_request(self, request_id: str | None) -> bool:
+        """Select a request by id (None or "" clears); its slot when the request is known.
+        True if the selection changed."""
+        row = self.requests.get(request_id) if request_id else None
+        return self.selection.select(request_id, row.slot if row else None)
+
+    def select_slot(self, slot: int | None) -> bool:
+        """Select the pages of a slot (None clears), and its request when it is known."""
+        row = self.request_for_slot(slot) if slot is not None else None
+        return self.selection.select(row.request_id if row else None, slot)
 
     # ---- folding messages in ----------------------------------------------------------
     def apply(self, msg: Message, now: float | None = None) -> set[str]:
@@ -102,12 +134,15 @@ class EngineState:
         self.messages += 1
         topic = msg.topic or ""
         if topic.startswith("pages/"):
-            return {"pages"} if self.pages.apply(msg) else set()
-        handler = getattr(self, f"_on_{topic}", None)
-        if handler is None:
-            return set()
-        handler(msg, now)
-        return {topic}
+            changed = {"pages"} if self.pages.apply(msg) else set()
+        else:
+            handler = getattr(self, f"_on_{topic}", None)
+            if handler is None:
+                return set()
+            handler(msg, now)
+            changed = {topic}
+        self.events.mark(*changed)
+        return changed
 
     def apply_status(self, status: dict) -> set[str]:
         """A status reply: workers, capacity findings, engine facts, config."""
@@ -115,7 +150,9 @@ class EngineState:
         self.config = status.get("config", self.config)  # a brief status leaves it out
         self.workers = [WorkerRow.from_wire(w) for w in status.get("workers", [])]
         self.capacity = list(status.get("capacity", []))
-        return {"workers", "capacity", "engine"}
+        changed = {"workers", "capacity", "engine"}
+        self.events.mark(*changed)
+        return changed
 
     def _on_workers(self, msg: Message, now: float) -> None:
         self.workers = [WorkerRow.from_wire(w) for w in msg.get("workers", [])]
@@ -183,6 +220,15 @@ class EngineState:
     def is_stale(self, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
         return self.last_message_at is None or now - self.last_message_at > STALE_AFTER_S
+
+    def check_stale(self, now: float | None = None, *, connected: bool = True, live: bool = True) -> bool:
+        """Whether what the views show is out of date (a live engine with no telemetry for
+        STALE_AFTER_S, or its link down); marks `stale` when the answer changes."""
+        stale = live and (self.is_stale(now) or not connected)
+        if stale != self.stale:
+            self.stale = stale
+            self.events.stale.mark()
+        return stale
 
     def telemetry_age(self, now: float | None = None) -> float | None:
         now = time.monotonic() if now is None else now

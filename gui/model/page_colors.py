@@ -24,6 +24,7 @@ import numpy as np
 
 from engine.wire.page_tags import FREE_OWNER, PageState
 from engine.wire.protocol import CANARY_TENANT
+from gui.model.selection import Selection
 
 # Page states as they travel in PAGE_FIELDS["state"], as plain ints for numpy indexing.
 FREE, RESERVED, IN_FLIGHT, WRITTEN, QUARANTINED = (int(s) for s in PageState)
@@ -293,12 +294,13 @@ class PageColors:
     """
 
     def __init__(self, theme: str = "dark", tenant_of_slot: Callable[[int], str | None] | None = None, *,
-                 background: tuple[int, int, int] | None = None):
+                 background: tuple[int, int, int] | None = None, selection: Selection | None = None):
         self.owners = OwnerColours(tenant_of_slot)
         self.tenants = TenantColours(tenant_of_slot)
         self._mode = "request"
         self.set_theme(theme, background)
-        self._selected: int | None = None
+        self.selection = selection if selection is not None else Selection()  # the window's, read here
+        self._selected: int | None = self.selection.slot  # the slot the images were computed for
         self.generation = 0
 
     # ---- settings -------------------------------------------------------------------
@@ -329,12 +331,17 @@ class PageColors:
 
     @property
     def selected_slot(self) -> int | None:
-        return self._selected
+        return self.selection.slot
 
     @selected_slot.setter
     def selected_slot(self, slot: int | None) -> None:
-        if slot != self._selected:
-            self._selected = slot
+        keep = self.selection.request_id if slot == self.selection.slot else None
+        self.selection.select(keep, slot)
+        self._follow_selection()
+
+    def _follow_selection(self) -> None:
+        if self.selection.slot != self._selected:
+            self._selected = self.selection.slot
             if self._mode == "state":
                 self.generation += 1  # state-mode images mark the selected request's pages
 
@@ -343,7 +350,9 @@ class PageColors:
         self.owners.tenant_of_slot = tenant_of_slot
 
     def begin_frame(self) -> None:
-        """Before updating the pools of a frame: pick up tenants learned since the last one."""
+        """Before updating the pools of a frame: pick up the selection and the tenants learned
+        since the last one."""
+        self._follow_selection()
         if self._mode == "tenant" and self.tenants.learn():
             self.generation += 1
 

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QTextBrowser, QVBoxLayout, QWidget
 
 from gui import theme
 from gui.model.engine_state import AlertRow, EngineState
+from gui.widgets.state_view import StateView
 
 SCOPE_MARGIN_S = 5.0  # the scope asked for: the alert's lifetime, padded on both sides
 
@@ -26,7 +27,7 @@ def _link(request_id: str) -> str:
     return f"<a href='request:{html.escape(request_id)}'>{html.escape(request_id)}</a>"
 
 
-class AlertDetail(QWidget):
+class AlertDetail(StateView, QWidget):
     scope_requested = Signal(float, float)  # since, until (wall-clock seconds)
     request_clicked = Signal(str)
 

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeade
 from gui import theme
 from gui.widgets.row_table_model import RowTableModel
 from gui.model.engine_state import AlertRow, EngineState
+from gui.widgets.state_view import StateView
 
 COLUMNS = ("Last seen", "Severity", "Kind", "Requests", "Pages", "Detail", "State", "Ack")
 FILTERS = ("All alerts", "Unresolved")
@@ -107,7 +108,7 @@ class AlertsModel(RowTableModel):
         return True
 
 
-class AlertsTable(QWidget):
+class AlertsTable(StateView, QWidget):
     """Alerts over state.alerts; commands leave as signals."""
 
     acknowledge_requested = Signal(list)  # alert ids
@@ -157,6 +158,9 @@ class AlertsTable(QWidget):
         layout.addLayout(bar)
         layout.addWidget(self.view)
         self.refresh()
+
+    def follows(self) -> dict:
+        return {"alerts": self.refresh}
 
     # ---- state -> view ------------------------------------------------------------------
     def refresh(self) -> None:

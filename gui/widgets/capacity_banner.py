@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QSizePol
 
 from gui import theme
 from gui.model.engine_state import EngineState
+from gui.widgets.state_view import StateView
 
 
 def describe_limit(limit: str) -> str:
@@ -34,7 +35,7 @@ def finding_line(finding: dict) -> str:
             f"cannot be served")
 
 
-class CapacityBanner(QFrame):
+class CapacityBanner(StateView, QFrame):
     """Red banner over the window while state.exceeding_findings() is non-empty."""
 
     reconfigure_requested = Signal()
@@ -66,6 +67,9 @@ class CapacityBanner(QFrame):
         self.setStyleSheet(f"QFrame#capacityBanner {{ background: {bg}; border-radius: 4px; }}"
                            f"QFrame#capacityBanner QLabel {{ color: {fg}; }}")
         self.refresh()
+
+    def follows(self) -> dict:
+        return {"capacity": self.refresh, "engine": self.refresh}
 
     def refresh(self) -> None:
         """Re-read the findings; show one line per exceeding finding, or hide."""

@@ -27,6 +27,7 @@ class KvEventMapWidget(PageMapWidget):
     changed). Signal `lineage_selected(str)`: the root hash a click selected ("" cleared)."""
 
     lineage_selected = Signal(str)
+    shows_window_state = False  # its model is the KvEventMap, not the window's EngineState
 
     def __init__(self, model: KvEventMap, parent: QWidget | None = None, *, theme_name: str | None = None):
         super().__init__(model, parent, theme_name=theme_name)
@@ -42,6 +43,9 @@ class KvEventMapWidget(PageMapWidget):
     @property
     def model(self) -> KvEventMap:
         return self.state
+
+    def _selection_of(self, state) -> None:
+        return None  # the selected lineage is this widget's alone (the colours hold it)
 
     @property
     def selected_root(self) -> str | None:
@@ -59,7 +63,6 @@ class KvEventMapWidget(PageMapWidget):
         lineage = self.model.lineage_of(self._selected_root) if self._selected_root else None
         if lineage is None:
             self._selected_root = None  # its blocks are gone
-        self._selected_slot = lineage
         self.colors.selected_slot = lineage
         self.colors.begin_frame()
         changed = {p.name: self._views[p.name].image.update(p.mirror) for p in pools}

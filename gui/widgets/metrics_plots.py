@@ -15,6 +15,7 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from gui import theme
 from gui.model.engine_state import EngineState
+from gui.widgets.state_view import StateView
 from gui.widgets.status_line import apply_stale_look
 
 # series name -> (plot title, y unit label)
@@ -46,7 +47,7 @@ def series_xy(series, now: float, span_s: float) -> tuple[np.ndarray, np.ndarray
     return x[keep], data[keep, 1]
 
 
-class MetricsPlots(QWidget):
+class MetricsPlots(StateView, QWidget):
     def __init__(self, state: EngineState, span_s: float = 300.0, parent=None):
         super().__init__(parent)
         self.state = state
@@ -75,6 +76,13 @@ class MetricsPlots(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.graphics)
         self._apply_colors()
+        self.refresh()
+
+    def follows(self) -> dict:
+        return {"metrics": self.refresh, "stale": self._follow_stale}
+
+    def _follow_stale(self) -> None:
+        self.set_stale(bool(self.state.stale))
         self.refresh()
 
     def refresh(self, now: float | None = None) -> None:

@@ -2,9 +2,10 @@
 
 One pyqtgraph ImageItem per pool (prefill pools first, then decode, by name) shows the
 pool's uint8 index image through a 256-entry LUT (the Indexed8 fast path). `refresh()`
-repaints from the latest EngineState; the window calls it from its 10 Hz timer, never per
-message. Hover names the page under the mouse; a click selects the page's request, and
-the selection is a LUT swap shared by all pools.
+repaints from the latest EngineState; the widget follows the state's pages, requests,
+stale and selection events, which the window's 10 Hz timer flushes (never per message).
+Hover names the page under the mouse; a click selects the page's request in the state's
+one Selection, and the selection is a LUT swap shared by all pools.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from gui import theme
 from gui.model.engine_state import EngineState
 from gui.model.page_colors import FREE, FREE_PAGE, LEVELS, MODES, QUARANTINED_PAGE, STATE_BASE, STATE_NAMES, PageColors
 from gui.model.page_grid import PageGrid, PoolImage
+from gui.model.selection import Selection
+from gui.widgets.state_view import StateView
 
 ROLE_ORDER = {"prefill": 0, "decode": 1}
 MAX_COLUMNS = 3
@@ -93,7 +96,7 @@ class _PoolView:
             self.item.setImage(img, levels=LEVELS, lut=lut, autoLevels=False)
 
 
-class PageMapWidget(QWidget):
+class PageMapWidget(StateView, QWidget):
     """The page map of every pool in `state.pages`.
 
     Signals: `request_selected(str)`: a click selected this request id ("" when the click
@@ -109,13 +112,11 @@ class PageMapWidget(QWidget):
         super().__init__(parent)
         self._follow_app_theme = theme_name is None
         name = theme_name or theme.current_mode()
-        self.colors = PageColors(name, background=_plot_background(name))
+        self.colors = PageColors(name, background=_plot_background(name), selection=self._selection_of(state))
         self._views: dict[str, _PoolView] = {}
         self._order: list[str] | None = None  # None: rebuild the pool views on the next refresh
-        self._selected_slot: int | None = None
-        self._seen_selection: str | None = None  # state.selected_request as last synced
         self._stale = False
-        self._state = state
+        self.state = state
         self._hover_text = ""
 
         self.graphics = pg.GraphicsLayoutWidget()
@@ -145,24 +146,28 @@ class PageMapWidget(QWidget):
         box.addWidget(self.hover_label)
         self._apply_theme_colours()
 
-    # ---- settings -----------------------------------------------------------------------
-    @property
-    def state(self) -> EngineState:
-        return self._state
+    # ---- following the state ----------------------------------------------------------------
+    def follows(self) -> dict:
+        return {"pages": self.refresh, "requests": self.refresh, "selection": self.refresh,
+                "stale": self._follow_stale}
 
-    @state.setter
-    def state(self, state: EngineState) -> None:
+    def state_replaced(self) -> None:
         """A new engine: slots start over, so colours and tenants are forgotten too."""
-        if state is self._state:
-            return
-        self._state = state
-        colors = PageColors(self.colors.theme.name, background=self.colors.theme.background)
+        colors = PageColors(self.colors.theme.name, background=self.colors.theme.background,
+                            selection=self._selection_of(self.state))
         colors.mode = self.colors.mode
         self.colors = colors
         self._order = None
-        self._selected_slot, self._seen_selection = None, None
         self.refresh()
 
+    def _follow_stale(self) -> None:
+        self.set_stale(bool(self.state.stale))
+
+    def _selection_of(self, state: EngineState) -> Selection | None:
+        """The selection the colours follow: the state's (None: the colours keep their own)."""
+        return state.selection
+
+    # ---- settings -----------------------------------------------------------------------
     @property
     def pool_names(self) -> list[str]:
         """The pools shown, in display order (prefill first, then decode, by name)."""
@@ -207,22 +212,16 @@ class PageMapWidget(QWidget):
     # ---- selection ----------------------------------------------------------------------
     @property
     def selected_slot(self) -> int | None:
-        return self._selected_slot
+        return self.colors.selected_slot  # the state's selection
 
     def select_request(self, request_id: str | None) -> None:
-        """Highlight this request's pages in every pool (None or "" clears); no signal."""
-        row = self.state.requests.get(request_id) if request_id else None
-        self.state.selected_request = request_id or None
-        self._seen_selection = self.state.selected_request
-        self._selected_slot = row.slot if row else None
-        self.refresh()
+        """Select this request in the state's selection (None or "" clears): every view that
+        follows it, this one included, highlights it. No signal."""
+        self.state.select_request(request_id)
 
     def _select_slot(self, slot: int | None) -> None:
+        self.state.select_slot(slot)  # repaints through the selection event
         row = self.state.request_for_slot(slot) if slot is not None else None
-        self.state.selected_request = row.request_id if row else None
-        self._seen_selection = self.state.selected_request
-        self._selected_slot = slot
-        self.refresh()
         if row is not None or slot is None:
             self.request_selected.emit(row.request_id if row else "")
 
@@ -233,16 +232,11 @@ class PageMapWidget(QWidget):
         pools = sorted(self.state.pages.pools.values(), key=pool_order)
         if [p.name for p in pools] != self._order:
             self._rebuild_layout(pools)
-        if self.state.selected_request != self._seen_selection:  # another view selected
-            row = self.state.requests.get(self.state.selected_request or "")
-            self._seen_selection = self.state.selected_request
-            self._selected_slot = row.slot if row else None
         self.colors.set_tenant_lookup(self.state.tenant_of_slot)
-        self.colors.selected_slot = self._selected_slot
-        self.colors.begin_frame()
+        self.colors.begin_frame()  # picks up the selection (state mode marks its pages)
         changed = {pool.name: self._views[pool.name].image.update(pool) for pool in pools}
         self.colors.end_frame()
-        lut = self.colors.lut(self._selected_slot)
+        lut = self.colors.lut(self.selected_slot)
         for pool in pools:
             view = self._views[pool.name]
             view.show(lut, changed[pool.name])

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeade
 from gui import theme
 from gui.widgets.row_table_model import RowTableModel
 from gui.model.engine_state import EngineState, RequestRow
+from gui.widgets.state_view import StateView
 
 COLUMNS = ("Request", "Tenant", "Prompt", "Phase", "Pages", "TTFT ms", "Tokens")
 NUMERIC = {2, 5, 6}
@@ -93,8 +94,9 @@ class RequestsModel(RowTableModel):
         return True
 
 
-class RequestsTable(QWidget):
-    """Requests from state.requests; emits request_selected(id) when the user picks one."""
+class RequestsTable(StateView, QWidget):
+    """Requests from state.requests; a row the user picks becomes the state's selection (and
+    is emitted as request_selected(id)); a selection made elsewhere selects its row."""
 
     request_selected = Signal(str)
 
@@ -135,6 +137,14 @@ class RequestsTable(QWidget):
         layout.addLayout(bar)
         layout.addWidget(self.view)
         self.refresh()
+
+    def follows(self) -> dict:
+        return {"requests": self.refresh, "selection": self._follow_selection}
+
+    def _follow_selection(self) -> None:
+        request_id = self.state.selection.request_id
+        if request_id != self.selected_request():
+            self.select_request(request_id or "")  # "" or unknown: no row selected
 
     def refresh(self) -> None:
         requests = self.state.requests
@@ -187,4 +197,5 @@ class RequestsTable(QWidget):
     def _selection_changed(self, *_) -> None:
         rid = self.selected_request()
         if rid is not None and not self._quiet:
+            self.state.select_request(rid)  # the page maps follow the state's selection
             self.request_selected.emit(rid)

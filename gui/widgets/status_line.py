@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QGraphicsOpacityEffect, QHBoxLayout, QLabel, QWidg
 
 from gui import theme
 from gui.model.engine_state import EngineState
+from gui.widgets.state_view import StateView
 
 STALE_OPACITY = 0.35
 
@@ -39,7 +40,7 @@ def apply_stale_look(widget: QWidget, stale: bool) -> None:
     widget.setToolTip("No telemetry for a while: this view may be out of date." if stale else "")
 
 
-class StatusLine(QWidget):
+class StatusLine(StateView, QWidget):
     """Call set_address/set_connection when they change and refresh() on the window's timer."""
 
     stale_changed = Signal(bool)
@@ -65,6 +66,9 @@ class StatusLine(QWidget):
         layout.addStretch(1)
         self._restyle()
         self.refresh()
+
+    def follows(self) -> dict:
+        return {"frame": self.refresh}
 
     @property
     def stale(self) -> bool:

@@ -1,7 +1,8 @@
 """Toast: short, non-modal cards in the window's bottom-right corner, one per newly firing alert.
 
 Cards stack upwards, hide themselves after a few seconds, and never take focus; a click
-on a card emits `activated(alert_id)` so the window can select the alert.
+on a card emits `activated(alert_id)` so the window can select the alert. Given a state,
+it follows its alerts and pops a card for each newly firing one.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
 
 from gui import theme
-from gui.model.engine_state import AlertRow
+from gui.model.engine_state import AlertRow, EngineState
+from gui.widgets.state_view import StateView
 
 MARGIN = 12
 SPACING = 6
@@ -52,18 +54,29 @@ class ToastCard(QFrame):
         self.clicked.emit(self.alert_id)
 
 
-class Toast(QObject):
+class Toast(StateView, QObject):
     """Shows ToastCards over `parent` (the main window) and keeps them stacked in its corner."""
 
     activated = Signal(str)  # alert id of a clicked card
 
-    def __init__(self, parent: QWidget, duration_ms: int = 6000, max_cards: int = 5):
+    def __init__(self, parent: QWidget, duration_ms: int = 6000, max_cards: int = 5, *,
+                 state: EngineState | None = None):
         super().__init__(parent)
         self.host = parent
         self.duration_ms = duration_ms
         self.max_cards = max_cards
         self._cards: list[ToastCard] = []
         parent.installEventFilter(self)
+        if state is not None:
+            self.state = state
+
+    def follows(self) -> dict:
+        return {"alerts": self.show_new_alerts}
+
+    def show_new_alerts(self) -> None:
+        """A card for each alert newly firing in the state since the last call."""
+        for alert in self.state.take_new_alerts():
+            self.show_alert(alert)
 
     def show_alert(self, alert: AlertRow) -> ToastCard:
         """Pop a card for `alert`; it hides after duration_ms. The oldest goes beyond max_cards."""

@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QApplication, QHBoxLayout, QHe
 from gui import theme
 from gui.widgets.row_table_model import RowTableModel
 from gui.model.engine_state import EngineState, WorkerRow
+from gui.widgets.state_view import StateView
 
 COLUMNS = ("Worker", "Role", "State", "PID", "Device", "Pool usage")
 USAGE_COLUMN = 5
@@ -97,7 +98,7 @@ class UsageBarDelegate(QStyledItemDelegate):
         style.drawControl(QStyle.CE_ProgressBar, bar, painter, option.widget)
 
 
-class WorkersPanel(QWidget):
+class WorkersPanel(StateView, QWidget):
     """Workers from state.workers; commands leave as `command_requested(op, worker)`."""
 
     command_requested = Signal(str, str)  # op ("start" | "stop" | "restart"), worker name
@@ -139,6 +140,9 @@ class WorkersPanel(QWidget):
         layout.addWidget(self.view)
         layout.addLayout(row)
         self.refresh()
+
+    def follows(self) -> dict:
+        return {"workers": self.refresh, "connection": self.refresh, "stale": self.refresh}
 
     def refresh(self) -> None:
         selected = self.selected_worker()
