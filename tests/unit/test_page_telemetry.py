@@ -82,12 +82,12 @@ class _FakeSock:
     def __init__(self, frames):
         self.frames = list(frames)
 
-    def recv(self, flags=0):
+    def recv_multipart(self, flags=0, copy=True):
         import zmq
 
         if not self.frames:
             raise zmq.Again()
-        return self.frames.pop(0)
+        return [self.frames.pop(0)]  # an XPUB hands each (un)subscription over as one frame
 
 
 def test_publisher_tracks_interest_in_pages():
