@@ -28,7 +28,7 @@ def _load() -> float:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("target", nargs="?", default="tests/e2e/test_reproduce.py")
+    p.add_argument("target", nargs="?", default="tests/engine/guard/test_reproduce.py")
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--load", help="a command to keep running beside the runs")
     p.add_argument("--log", type=Path, help="append each run's line here too")

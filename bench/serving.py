@@ -31,7 +31,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "resources" / "models"))
 
 from engine.client import PageMirror  # noqa: E402
-from tests.e2e.server import ServerProcess, write_config  # noqa: E402
+from engine.client.local_server import LocalServer as ServerProcess  # noqa: E402
+from engine.client.local_server import write_config  # noqa: E402
 
 TTFT_PROMPT = [256] + [65 + i % 26 for i in range(255)]
 BENCH_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,

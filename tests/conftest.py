@@ -17,6 +17,7 @@ if not os.path.exists("/dev/nvidia0"):
 
 import pytest  # noqa: E402
 
+from engine.client.local_server import LocalServer, write_config  # noqa: E402
 from tests.hf_checkpoints import ARCH_CASES, write_random_checkpoint  # noqa: E402
 
 
@@ -53,3 +54,43 @@ def make_engine(tiny_model):
         return Engine(config, tiny_model)
 
     return make
+
+
+# ---- end-to-end: real supervisor and worker processes on loopback (marker e2e) ----
+@pytest.fixture
+def start_server(tmp_path):
+    """start_server(engine={...}, pools={...}, workers={...}) -> a ready LocalServer."""
+    servers = []
+
+    def start(*extra: str, wait: bool = True, **sections) -> LocalServer:
+        config = write_config(tmp_path / f"config-{len(servers)}.toml", **sections)
+        server = LocalServer(config, *extra)
+        servers.append(server)
+        if wait:
+            server.wait_workers(server.client())
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory):
+    """One default server for a module's read-mostly tests."""
+    config = write_config(tmp_path_factory.mktemp("shared") / "config.toml")
+    server = LocalServer(config)
+    server.wait_workers(server.client())
+    yield server
+    server.stop()
+
+
+def pytest_collection_modifyitems(items):
+    """gui: every test that takes qtbot; e2e: every test that starts a server through the
+    fixtures above (modules that start one themselves say pytestmark = pytest.mark.e2e)."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if "qtbot" in names:
+            item.add_marker(pytest.mark.gui)
+        if names & {"start_server", "shared_server"}:
+            item.add_marker(pytest.mark.e2e)

@@ -9,7 +9,8 @@ import pytest
 
 from gui.main_window import MainWindow
 from gui.transport import TransportThread
-from tests.e2e.server import ServerProcess, write_config
+from engine.client.local_server import LocalServer as ServerProcess
+from engine.client.local_server import write_config
 
 CONNECT_TIMEOUT_MS = 120_000
 

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QDialogButtonBox
 
 from gui.dialogs.probe_dialog import ProbeDialog
 from gui.main_window import MainWindow
-from tests.e2e.test_probe import FAULTS, SMALL
+from tests.engine.adapters.test_probe import FAULTS, SMALL
 
 PROBE_TIMEOUT_MS = 600_000
 
