@@ -430,7 +430,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
     def closeEvent(self, event) -> None:
         self._timer.stop()
         self._demo_timer.stop()
-        self.stop_probe()
+        self.close_probe()
         if self.transport is not None:
             self.transport.stop()
         self.leave_kv_events()

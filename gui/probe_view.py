@@ -1,7 +1,8 @@
 """ProbeMixin: the main window's Tools → Probe an OpenAI endpoint…, in every mode.
 
 A QTimer asks the Qt-free ProbeSchedule whether a run is due; a run (blocking HTTP) goes
-to a daemon thread that hands each round back through a ProbeRelay's queued signals. The
+to the window's one ProbeRunner thread, which runs them one at a time and hands each round
+back through a ProbeRelay's queued signals. The
 schedule turns rounds and errors into local alerts, which the window keeps in
 `probe_alerts` and folds into whatever EngineState it shows (a new engine's state gets
 them again). In KV-event mode, where the engine's docks are hidden, the alerts dock
@@ -10,6 +11,7 @@ comes back once the probe has something to show.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from dataclasses import replace
@@ -53,6 +55,41 @@ def run_probe(schedule: ProbeSchedule, stop: threading.Event, relay: ProbeRelay)
         relay.run_ended.emit(schedule)
 
 
+class ProbeRunner:
+    """The one thread that runs a window's probe runs, one at a time, in submission order.
+
+    Daemon: a round blocked in HTTP (up to HTTP_TIMEOUT_S) must not keep the app from
+    quitting; close() asks it to end after the run in hand and waits a moment only."""
+
+    def __init__(self, relay: ProbeRelay):
+        self.relay = relay
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, schedule: ProbeSchedule, stop: threading.Event) -> None:
+        """Queue one run of `schedule` (started by the thread when the previous run ended)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="leak-probe", daemon=True)
+            self._thread.start()
+        self._jobs.put((schedule, stop))
+
+    def close(self, wait_s: float = 1.0) -> None:
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join(wait_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            run_probe(*job, self.relay)
+
+
 class ProbeMixin:
     def _build_probe_menu(self, bar) -> None:
         tools = self.tools_menu = bar.addMenu("&Tools")
@@ -69,6 +106,7 @@ class ProbeMixin:
         self._probe_relay.round_done.connect(self._on_probe_round)
         self._probe_relay.failed.connect(self._on_probe_failed)
         self._probe_relay.run_ended.connect(self._on_probe_ended)
+        self._probe_runner = ProbeRunner(self._probe_relay)
         self._probe_timer = QTimer(self)
         self._probe_timer.timeout.connect(self._probe_tick)
         self.probe_status = QLabel()
@@ -90,6 +128,11 @@ class ProbeMixin:
         self._probe_timer.start(TICK_MS)
         self._probe_tick()
 
+    def close_probe(self) -> None:
+        """The window closes: no further run, and the runner's thread ends after the run in hand."""
+        self.stop_probe()
+        self._probe_runner.close(wait_s=0.5)
+
     def stop_probe(self) -> None:
         """No further run; the round in flight ends on its own (its results still count)."""
         if self.probe is not None:
@@ -103,8 +146,7 @@ class ProbeMixin:
         if schedule is None or not schedule.due(time.monotonic()):
             return
         schedule.start_run(time.monotonic())
-        threading.Thread(target=run_probe, args=(schedule, self._probe_stop, self._probe_relay),
-                         name="leak-probe", daemon=True).start()
+        self._probe_runner.submit(schedule, self._probe_stop)
         self._refresh_probe()
 
     def _on_probe_round(self, schedule, report, markers) -> None:

@@ -1,7 +1,8 @@
 """ExportJob: collect and write an incident snapshot off the GUI thread.
 
-It opens its own EngineClient to the engine (the transport thread owns the window's
-sockets) with the transport's CURVE keys, and reports progress through signals.
+It asks the engine through the window's transport (a TransportClient: the transport
+thread stays the one owner of the sockets), writes the bundle, and reports progress
+through signals.
 """
 
 from __future__ import annotations
@@ -14,22 +15,20 @@ class ExportJob(QThread):
     succeeded = Signal(str, dict)  # path, summary
     failed = Signal(str)  # message
 
-    def __init__(self, endpoint: str, path: str, *, since: float | None = None, server_key=None,
-                 client_keys=None, parent=None):
+    def __init__(self, client, path: str, *, since: float | None = None, endpoint: str = "", parent=None):
+        """client: a TransportClient (or anything with EngineClient's status, call and
+        page_metadata)."""
         super().__init__(parent)
-        self.endpoint, self.path, self.since = endpoint, path, since
-        self.server_key, self.client_keys = server_key, client_keys
+        self.client, self.path, self.since = client, path, since
+        self.endpoint = endpoint or getattr(client, "endpoint", "")
 
     def run(self) -> None:
-        from engine.client import EngineClient
         from gui.snapshot.bundle import write_bundle
         from gui.snapshot.collect import collect
 
         try:
             self.progress.emit(0.0, "asking the engine")
-            with EngineClient(self.endpoint, server_key=self.server_key, client_keys=self.client_keys,
-                              timeout_s=60.0) as client:
-                snap = collect(client, since=self.since, endpoint=self.endpoint)
+            snap = collect(self.client, since=self.since, endpoint=self.endpoint)
             path = write_bundle(snap, self.path, progress=lambda f, what: self.progress.emit(f, what))
             readers = {p["reader"] for p in snap.state["scope"]["pairs"]}
             self.succeeded.emit(str(path), {"requests": len(snap.state["requests"]),

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QFileDialog, QMessageBox, QProgressDialog
 from gui.model.snapshot_state import state_from_snapshot
 from gui.snapshot.bundle import SnapshotError, read_bundle
 from gui.snapshot_export import ExportJob
+from gui.transport import TransportClient
 
 SNAPSHOT_MARGIN_S = 60.0  # an alert's snapshot starts this long before the alert
 
@@ -28,8 +29,7 @@ class SnapshotMixin:
             path, _ = QFileDialog.getSaveFileName(self, "Export incident snapshot", default, "Snapshot (*.zip)")
             if not path:
                 return False
-        job = ExportJob(self.endpoint, path, since=since, server_key=self.transport.server_key,
-                        client_keys=self.transport.client_keys, parent=self)
+        job = ExportJob(TransportClient(self.transport), path, since=since, endpoint=self.endpoint, parent=self)
         progress = QProgressDialog("Exporting incident snapshot…", None, 0, 100, self)
         progress.setWindowTitle("Incident snapshot")
         progress.setMinimumDuration(300)  # short exports never flash a dialog
