@@ -1,41 +1,40 @@
 """KvEventMixin: the main window's KV-event mode, attached to vLLM / SGLang KV-event streams
 instead of a PageWarden engine.
 
-A QTimer polls the watcher on the GUI thread with timeout 0 (a zmq.Poller, so ZeroMQ's
-edge-triggered FD never matters) and the window's 10 Hz refresh rebuilds the Qt-free
-KvEventMap when a batch arrived. The engine's own views (workers, requests, alerts,
+A KvEventThread owns the watcher's sockets and applies what arrives to a
+SharedKvEventState; the window's 10 Hz refresh rebuilds the Qt-free KvEventMap from it,
+under its lock, when a batch arrived. The engine's own views (workers, requests, alerts,
 metrics) and every action only our engine supports are hidden while the mode lasts;
 attaching to an engine or opening a snapshot leaves it.
 
-A gap is filled by a replay inside poll(): with a replay endpoint that does not answer, the
-window waits up to the watcher's replay timeout (2 s) for it.
+A gap is filled by a replay inside the watcher's poll(), on that thread: a replay endpoint
+that does not answer holds the thread (up to the watcher's 2 s replay timeout), never the
+window.
 """
 
 from __future__ import annotations
 
 import zmq
-from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QDockWidget, QLabel
 
 from engine.adapters.kv_attach import KvAttach
 from engine.adapters.kv_event_decode import KvEventError
 from engine.adapters.kv_event_watch import KvEventWatcher
 from gui.dialogs.kv_attach_dialog import KvAttachDialog
+from gui.kv_event_thread import KvEventThread
 from gui.model.kv_event_map import KvEventMap
+from gui.model.shared_kv_state import SharedKvEventState
 from gui.widgets.kv_event_map import KvEventMapWidget
-
-POLL_MS = 25
 
 
 class KvEventMixin:
     def _init_kv_events(self) -> None:
         self.kv_attach: KvAttach | None = None
-        self.kv_watcher: KvEventWatcher | None = None
+        self.kv_watcher: KvEventWatcher | None = None  # owned by _kv_thread while it runs
+        self._kv_thread: KvEventThread | None = None
         self.kv_map: KvEventMap | None = None
         self.kv_view: KvEventMapWidget | None = None  # built on the first attach
         self._kv_hidden_docks: list[QDockWidget] = []
-        self._kv_timer = QTimer(self)
-        self._kv_timer.timeout.connect(self.poll_kv_events)
         self.kv_status = QLabel()
         self.kv_status.hide()
         self.statusBar().addPermanentWidget(self.kv_status, 1)
@@ -54,7 +53,7 @@ class KvEventMixin:
         """Watch `attach`'s endpoints in place of any engine or snapshot. Raises KvEventError
         (naming the address) when the watcher cannot be made; nothing changes then."""
         try:
-            watcher = attach.watcher()
+            watcher = attach.watcher(SharedKvEventState())
         except zmq.ZMQError as exc:
             raise KvEventError(f"cannot connect to {', '.join(attach.endpoints)}: {exc}") from exc
         self.leave_kv_events()
@@ -72,36 +71,33 @@ class KvEventMixin:
         else:
             self.kv_view.state = self.kv_map
         self._show_kv_mode(True)
-        self.poll_kv_events()  # whatever is already queued, at once
-        self._kv_timer.start(POLL_MS)
+        self._kv_thread = KvEventThread(watcher, self)
+        self._kv_thread.failed.connect(lambda message: self.statusBar().showMessage(message, 10_000))
+        self._kv_thread.start()
         self.refresh()
 
     def leave_kv_events(self) -> None:
         """Stop watching and bring the engine's views back (no-op outside KV-event mode)."""
         if self.kv_watcher is None:
             return
-        self._kv_timer.stop()
-        self.kv_watcher.close()
+        self._kv_thread.stop()  # closes the watcher on its own thread
+        self._kv_thread = None
         self.kv_watcher = None
         self.connection = "disconnected"
         self._show_kv_mode(False)
         self.status_line.set_endpoint("")
         self.status_line.set_connection("disconnected")
 
-    def poll_kv_events(self) -> None:
-        if self.kv_watcher is None:
-            return
-        try:
-            self.kv_watcher.poll(0)
-        except zmq.ZMQError as exc:  # a socket error must not end the session
-            self.statusBar().showMessage(f"KV events: {exc}", 10_000)
-
     def _refresh_kv(self) -> None:
         state, endpoints = self.kv_watcher.state, list(self.kv_attach.endpoints)
-        if self.kv_map.update(state):
+        with state.lock:  # the KV-event thread applies batches under it
+            changed = self.kv_map.update(state)
+            text = self.kv_map.status_text(state, endpoints)
+            details = self.kv_map.health_details(state, endpoints)
+        if changed:
             self.kv_view.refresh()
-        self.kv_status.setText(self.kv_map.status_text(state, endpoints))
-        self.kv_status.setToolTip(self.kv_map.health_details(state, endpoints))
+        self.kv_status.setText(text)
+        self.kv_status.setToolTip(details)
 
     def _show_kv_mode(self, on: bool) -> None:
         self.page_map.setVisible(not on)

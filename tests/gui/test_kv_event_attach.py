@@ -1,6 +1,6 @@
 """The window attached to vLLM / SGLang KV-event streams: a live test publisher on loopback
 (its XPUB lives in a thread of its own, its replay ROUTER in another) and the real window,
-offscreen, polling the real watcher from the Qt event loop.
+offscreen, its real watcher polled on the window's KV-event thread.
 
 No sleeps: the publisher's XPUB says when the subscription arrived, and every check waits
 with qtbot.waitUntil (generous timeouts for a loaded 2-core machine)."""

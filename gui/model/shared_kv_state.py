@@ -1,0 +1,42 @@
+"""SharedKvEventState: a KvEventState written by one thread and read by another.
+
+The KV-event thread's watcher changes it only through the six methods below, each under
+`lock`; the GUI thread holds `lock` while it reads (KvEventMap.update, the status texts),
+so it never sees half of a batch. Qt-free.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from engine.adapters.kv_event_state import KvEventState
+
+
+class SharedKvEventState(KvEventState):
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()
+
+    def apply(self, batch, endpoint: str) -> None:
+        with self.lock:
+            super().apply(batch, endpoint)
+
+    def record_refusal(self, endpoint: str, message: str, seq: int | None = None) -> None:
+        with self.lock:
+            super().record_refusal(endpoint, message, seq)
+
+    def record_gap(self, endpoint: str, expected: int, got: int, filled: bool) -> None:
+        with self.lock:
+            super().record_gap(endpoint, expected, got, filled)
+
+    def record_replay(self, batches: int, complete: bool) -> None:
+        with self.lock:
+            super().record_replay(batches, complete)
+
+    def record_duplicate(self) -> None:
+        with self.lock:
+            super().record_duplicate()
+
+    def record_restart(self, endpoint: str) -> None:
+        with self.lock:
+            super().record_restart(endpoint)
