@@ -19,7 +19,7 @@ Callback = Callable[[], object]
 class EventEmitter:
     """One kind of change of one model."""
 
-    def __init__(self, name: str, group: "Events"):
+    def __init__(self, name: str, group: Events):
         self.name = name
         self._group = group
         self.callbacks: list[Callback] = []

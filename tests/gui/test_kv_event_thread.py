@@ -8,11 +8,18 @@ import threading
 from engine.adapters.kv_event_watch import KvEventWatcher
 from gui.model.shared_kv_state import SharedKvEventState
 from tests.gui.test_kv_event_attach import (  # noqa: F401 - fixtures
-    GPU0, attach, chain, publishers, result, stored, wait_blocks, window,
+    GPU0,
+    attach,
+    chain,
+    publishers,
+    result,
+    stored,
+    wait_blocks,
+    window,
 )
 
 
-def test_the_watcher_is_polled_and_closed_on_one_thread_that_is_not_the_gui(qtbot, window, publishers,
+def test_the_watcher_is_polled_and_closed_on_one_thread_that_is_not_the_gui(qtbot, window, publishers,  # noqa: F811
                                                                               monkeypatch):
     polled, closed = set(), set()
     poll, close = KvEventWatcher.poll, KvEventWatcher.close

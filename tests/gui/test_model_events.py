@@ -15,12 +15,14 @@ from gui.model.selection import Selection
 from gui.widgets.state_view import StateView
 from tests.gui.test_page_map import LAYOUT, REQUESTS, keyframe
 
-
 # ---- the Qt-free mechanism ------------------------------------------------------------------
 
 def test_marks_are_delivered_once_per_flush_to_each_callback():
     events, calls = Events("pages", "requests", "alerts"), []
-    paint = lambda: calls.append("paint")  # noqa: E731
+
+    def paint():
+        calls.append("paint")
+
     events.pages.connect(paint)
     events.requests.connect(paint)  # one view following two kinds of change
     events.alerts.connect(lambda: calls.append("alerts"))
