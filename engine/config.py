@@ -60,6 +60,7 @@ DefencesSection = dataclasses.make_dataclass(
 FaultsSection = dataclasses.make_dataclass(
     "FaultsSection", [(f.name, bool, field(default=False)) for f in FAULTS], frozen=True,
     namespace={"__doc__": "Injected bugs (only with --allow-faults): each breaks one defence's assumption."})
+DefencesSection.__module__ = FaultsSection.__module__ = __name__  # pickle and repr find them here
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from engine.request import SamplingParams
 from engine.server.reconfigure import reconfigure
 from engine.server.request_record import Phase, RequestRecord
 from engine.server.worker_handle import WorkerState
-from engine.wire.protocol import CANARY_TENANT, CLIENT_OPS, Message, ProtocolError, field_of, pack, reply
+from engine.wire.protocol import CANARY_PREFIX, CANARY_TENANT, CLIENT_OPS, Message, ProtocolError, field_of, pack, reply
 
 MAX_PROMPT_TOKENS = 1 << 21
 # Settings a worker applies between steps; anything else in [engine] or [pools] restarts it.
@@ -43,9 +43,13 @@ class ControlOps:
         try:
             params = self._params(msg)
             prompt = self._prompt(msg, request_id)
-            existing = sup.book.get(request_id)
-            if existing is not None and not existing.done:
-                raise InvalidRequest(f"request id {request_id!r} is already in use")
+            if request_id.startswith(CANARY_PREFIX):
+                raise InvalidRequest(f"request id {request_id!r}: ids starting with {CANARY_PREFIX!r} are the "
+                                     "engine's own canaries; choose another")
+            if request_id in sup.book:
+                # a worker may still answer for the earlier request of that id (a late
+                # reservation, a transfer): one id, one request, for as long as it is remembered
+                raise InvalidRequest(f"request id {request_id!r} was already used; ids are unique per engine run")
             SamplingParams(**{k: v for k, v in params.items() if k != "stream"}).validate(request_id)
             placeholder = self._admit(request_id, len(prompt), params["max_new_tokens"])
         except (PageWardenError, ProtocolError) as exc:
@@ -188,7 +192,7 @@ class ControlOps:
         book = sup.canaries
         marker = book.new_marker()
         slot = next(sup.slots)
-        request_id = f"canary-{slot}"
+        request_id = f"{CANARY_PREFIX}{slot}"
         text = book.prompt(marker)
         prompt = sup.tokenizer.encode(text)
         marker_ids = sup.tokenizer.encode(marker)

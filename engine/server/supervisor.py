@@ -103,7 +103,8 @@ class Supervisor:
         self.workers = WorkerPool({"prefill": config.workers.prefill, "decode": config.workers.decode},
                                   self.run_dir, self.bus_endpoint, config=lambda: self.config.to_dict(),
                                   send=self.to_worker, on_spawn=self._worker_spawned,
-                                  on_silent=self._worker_silent, on_exit=self._worker_exited)
+                                  on_silent=self._worker_silent, on_stop=self._worker_stopping,
+                                  on_exit=self._worker_exited)
         from engine.server.control_ops import ControlOps
         from engine.server.worker_events import WorkerEvents
 
@@ -288,9 +289,11 @@ class Supervisor:
     # ---- worker processes (their states: WorkerPool) -----------------------------------
     def stop_worker(self, worker: WorkerHandle, *, restart: bool = False) -> None:
         """Stop a worker (and start it again when `restart`); its requests fail at once."""
-        if self.workers.stop(worker, restart=restart):
-            self.fail_worker_requests(worker, WorkerStopped, f"worker {worker.name} was stopped")
-            self.publish_workers()
+        self.workers.stop(worker, restart=restart)
+
+    def _worker_stopping(self, worker: WorkerHandle) -> None:
+        self.fail_worker_requests(worker, WorkerStopped, f"worker {worker.name} was stopped")
+        self.publish_workers()
 
     def _worker_spawned(self, worker: WorkerHandle) -> None:
         self.audit_worker(worker, "spawned")

@@ -28,13 +28,14 @@ class WorkerPool:
     def __init__(self, counts: dict[str, int], run_dir: Path, bus_endpoint: str, *,
                  config: Callable[[], dict], send: Callable[[WorkerHandle, dict], None],
                  on_spawn: Callable[[WorkerHandle], None], on_silent: Callable[[WorkerHandle, float], None],
-                 on_exit: Callable[[WorkerHandle, bool], None]):
+                 on_stop: Callable[[WorkerHandle], None], on_exit: Callable[[WorkerHandle, bool], None]):
         """counts: workers per role. config(): the config dict a (re)started worker gets.
-        send(worker, header): a bus message. on_exit(worker, crashed): after the state change;
-        worker.reason says why."""
+        send(worker, header): a bus message. on_stop(worker): it is STOPPING (asked by a client,
+        or drained for a restart), before it is told. on_exit(worker, crashed): after the state
+        change; worker.reason says why."""
         self.bus_endpoint = bus_endpoint
         self._config, self._send = config, send
-        self._on_spawn, self._on_silent, self._on_exit = on_spawn, on_silent, on_exit
+        self._on_spawn, self._on_silent, self._on_stop, self._on_exit = on_spawn, on_silent, on_stop, on_exit
         self._restart_after_stop: set[str] = set()
         self._stop_deadline: dict[str, float] = {}
         self.handles: dict[str, WorkerHandle] = {}
@@ -102,6 +103,7 @@ class WorkerPool:
         self._stop_deadline[worker.name] = time.monotonic() + STOP_TIMEOUT_S
         if restart:
             self._restart_after_stop.add(worker.name)
+        self._on_stop(worker)
         self._send(worker, {"op": "stop"})
         return True
 

@@ -38,6 +38,7 @@ TOKEN_ENV = "PAGEWARDEN_WORKER_TOKEN"
 
 # The tenant (and data tier) of the canary requests the supervisor sends on its own.
 CANARY_TENANT = "canary"
+CANARY_PREFIX = "canary-"  # their request ids: canary-<slot>; no client may submit one
 
 
 class ProtocolError(ValueError):

@@ -97,7 +97,7 @@ class WorkerLoop:
 
     def on_bus(self, msg: Message) -> None:
         op = msg.op
-        if op == "stop":  # the client op of the same name, relayed: exit cleanly
+        if op == "stop":  # the supervisor stops this worker (a client `stop`, a restart, shutdown)
             self.stopping = True
         elif op == "ping":
             pass

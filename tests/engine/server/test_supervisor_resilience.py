@@ -59,3 +59,32 @@ def test_a_handler_bug_is_answered_alerted_and_the_engine_keeps_serving(supervis
         pump.join(10)
     assert sup.counters["internal_errors"] == 1
     assert "Traceback" in capfd.readouterr().err  # the traceback went to the engine log
+
+
+def test_request_ids_are_the_clients_once_and_never_a_canarys(supervisor):
+    """A client id in the canaries' namespace (canary-<slot>, slots are sequential and every
+    reply shows them) once made the supervisor's own canary collide with it; an id used again
+    let a worker's late answer for the first request act on the second."""
+    sup = supervisor
+    stop = threading.Event()
+    pump = threading.Thread(target=lambda: sup.run(until=stop.is_set), daemon=True)
+    pump.start()
+    try:
+        with EngineClient(sup.control_endpoint, timeout_s=30) as client:
+            ends = {}
+            for rid in ("canary-7", "mine", "mine"):
+                stream = client.submit(prompt_ids=[1, 2, 3], max_new_tokens=2, request_id=rid)
+                ends.setdefault(rid, []).append(client.recv_for(stream, 20))
+            refused = ends["canary-7"][0]
+            assert refused.op == "error" and "'canary-7'" in refused.get("error")["message"]
+            assert "the engine's own canaries" in refused.get("error")["message"]
+            first, second = ends["mine"]
+            assert first.op == "accepted"  # no workers: it waits in line
+            assert second.op == "error" and "'mine' was already used" in second.get("error")["message"]
+            client.call("cancel", request_id="mine")
+            again = client.submit(prompt_ids=[1, 2, 3], max_new_tokens=2, request_id="mine")
+            assert client.recv_for(again, 20).op == "error"  # ended is still used
+    finally:
+        stop.set()
+        pump.join(10)
+    assert [r.request_id for r in sup.book.values()] == ["mine"]

@@ -25,11 +25,12 @@ def _fake_spawn(self, config_dict, bus_endpoint):
 @pytest.fixture
 def pool(monkeypatch, tmp_path):
     monkeypatch.setattr(WorkerHandle, "spawn", _fake_spawn)
-    seen = {"sent": [], "spawned": [], "exits": [], "silent": []}
+    seen = {"sent": [], "spawned": [], "exits": [], "silent": [], "stopping": []}
     pool = WorkerPool({"prefill": 1, "decode": 1}, tmp_path, "ipc://unused", config=lambda: {},
                       send=lambda w, h: seen["sent"].append((w.name, h["op"])),
                       on_spawn=lambda w: seen["spawned"].append(w.name),
                       on_silent=lambda w, s: seen["silent"].append(w.name),
+                      on_stop=lambda w: seen["stopping"].append((w.name, list(seen["sent"]))),
                       on_exit=lambda w, crashed: seen["exits"].append((w.name, w.state, crashed)))
     pool.seen = seen
     yield pool
@@ -57,6 +58,7 @@ def test_start_hello_drain_restart(pool):
     decode.inflight.clear()
     pool.watch()
     assert decode.state == WorkerState.STOPPING and ("decode-0", "stop") in pool.seen["sent"]
+    assert pool.seen["stopping"] == [("decode-0", [])]  # told the supervisor before the worker
     decode.proc.terminate()  # it obeys the shutdown
     _wait_exit(decode)
     pool.watch()
