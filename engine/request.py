@@ -19,15 +19,26 @@ class RequestState(enum.Enum):
     FAILED = "failed"  # aborted after admission (isolation error, worker stopped, ...)
 
 
+# Temperatures below this sample greedily. logits / 1e-40 overflows float32 to inf, softmax
+# gives NaN and torch.multinomial raises (one such request once killed a prefill worker);
+# below 1e-5 the distribution is the argmax anyway unless two logits tie that closely.
+# vLLM draws the same line (its _SAMPLING_EPS; read in its source, not run here).
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 64
-    temperature: float = 0.0  # 0: greedy
+    temperature: float = 0.0  # below GREEDY_BELOW (0 included): greedy
     top_k: int = 0  # 0: no top-k cut
     top_p: float = 1.0
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_BELOW
 
     def validate(self, request_id: str) -> None:
         """Raises InvalidRequest naming the parameter, its value and the allowed range."""

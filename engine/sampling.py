@@ -15,7 +15,7 @@ def sample_next(logits: torch.Tensor, requests: list[Request], generators: dict[
     tokens = torch.argmax(logits, dim=-1).tolist()
     for row, req in enumerate(requests):
         p = req.params
-        if p.temperature > 0:
+        if not p.greedy:  # a tiny temperature is greedy: dividing by it overflows
             gen = generators.get(req.request_id)
             if gen is None:
                 gen = torch.Generator(device=logits.device)

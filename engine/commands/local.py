@@ -33,7 +33,7 @@ def register(sub) -> None:
 
 def add_sampling_args(parser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default 32)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="below 1e-5 (0, the default, too): greedy")
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, help="sampling seed")

@@ -4,10 +4,12 @@ scattered randomly in a pool full of stale data."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from engine.dense_reference import dense_greedy
-from engine.request import RequestState, SamplingParams
+from engine.request import Request, RequestState, SamplingParams
+from engine.sampling import sample_next
 from engine.wire.page_tags import PageState
 
 
@@ -138,3 +140,26 @@ def test_triton_kernels_drive_the_engine_to_the_same_tokens(make_engine):
         requests = engine.generate(prompts, _params(4))
         runs[kernels] = [r.output_ids for r in requests]
     assert runs["triton"] == runs["torch"]
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 5e-324, 9.99e-6])
+def test_a_tiny_temperature_is_greedy_not_a_crash(make_engine, temperature):
+    """logits / 1e-40 overflowed float32: softmax NaN, torch.multinomial raised, and in a
+    prefill worker that ended the process (issue 14). Below GREEDY_BELOW it is greedy."""
+    prompt = [256, *range(70, 90)]
+    engine = make_engine()
+    tiny = engine.submit(prompt, SamplingParams(max_new_tokens=6, temperature=temperature, seed=3, ignore_eos=True))
+    greedy = engine.submit(list(prompt), SamplingParams(max_new_tokens=6, ignore_eos=True))
+    engine.run_until_idle()
+    assert tiny.finish_reason == "length" and tiny.output_ids == greedy.output_ids
+
+
+def test_sampling_just_above_the_greedy_line_still_samples():
+    from engine.request import GREEDY_BELOW
+
+    assert SamplingParams(temperature=GREEDY_BELOW).greedy is False
+    assert SamplingParams(temperature=GREEDY_BELOW / 2).greedy and SamplingParams().greedy
+    logits = torch.tensor([[0.0, 1e-6, -5.0]])  # two logits closer than the line: a coin toss at t=1e-5
+    req = Request("r", [1], SamplingParams(temperature=GREEDY_BELOW))  # a fresh random seed per draw
+    picks = {sample_next(logits, [req], {})[0] for _ in range(40)}
+    assert picks == {0, 1}

@@ -38,6 +38,19 @@ def test_bad_submits_get_clear_errors(shared_server, fields, code, fragment):
     assert err.value.code == code and fragment in str(err.value)
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 5e-324])
+def test_a_tiny_temperature_does_not_take_a_worker_down(shared_server, temperature):
+    """Issue 14: one such request killed the prefill worker and every later request queued
+    forever. It is greedy now: the same tokens as temperature 0, and the workers serve on."""
+    client = shared_server.client()
+    greedy = client.generate([256, 33, 44], max_new_tokens=5, ignore_eos=True)["token_ids"]
+    tiny = client.generate([256, 33, 44], max_new_tokens=5, ignore_eos=True, temperature=temperature, timeout_s=120)
+    assert tiny["token_ids"] == greedy and tiny["finish_reason"] == "length"
+    assert {w["name"]: w["state"] for w in client.status()["workers"]} == {"prefill-0": "ready", "decode-0": "ready"}
+    after = client.generate([256, 33, 44], max_new_tokens=5, ignore_eos=True, timeout_s=120)
+    assert after["token_ids"] == greedy
+
+
 def test_unknown_op_and_wrong_version(shared_server):
     client = shared_server.client()
     with pytest.raises(RemoteError, match="unknown op 'explode'") as err:
