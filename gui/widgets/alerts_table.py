@@ -11,12 +11,19 @@ import datetime as dt
 
 from PySide6.QtCore import QItemSelection, QItemSelectionModel, QModelIndex, Qt, Signal
 from PySide6.QtGui import QAction, QFont
-from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QMenu,
-                               QPushButton, QTableView, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QMenu,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from gui import theme
-from gui.widgets.row_table_model import RowTableModel
 from gui.model.engine_state import AlertRow, EngineState
+from gui.widgets.row_table_model import RowTableModel, row_table_view
 from gui.widgets.state_view import StateView
 
 COLUMNS = ("Last seen", "Severity", "Kind", "Requests", "Pages", "Detail", "State", "Ack")
@@ -93,20 +100,6 @@ class AlertsModel(RowTableModel):
             return font
         return None
 
-    def update_rows(self, rows: list[AlertRow]) -> bool:
-        """Swap in new rows; returns True when the row set changed (the model was reset)."""
-        old = self.rows
-        if len(rows) == len(old) and all(a is b for a, b in zip(rows, old)):
-            return False
-        if [r.id for r in rows] == [r.id for r in old]:
-            self.rows = rows
-            self.dataChanged.emit(self.index(0, 0), self.index(len(rows) - 1, len(COLUMNS) - 1))
-            return False
-        self.beginResetModel()
-        self.rows = rows
-        self.endResetModel()
-        return True
-
 
 class AlertsTable(StateView, QWidget):
     """Alerts over state.alerts; commands leave as signals."""
@@ -119,19 +112,7 @@ class AlertsTable(StateView, QWidget):
         self.state = state
         self._readonly = False
         self.model = AlertsModel(self)
-        self.view = QTableView()
-        self.view.setModel(self.model)
-        self.view.setSelectionBehavior(QAbstractItemView.SelectRows)
-        self.view.setSelectionMode(QAbstractItemView.ExtendedSelection)
-        self.view.setAlternatingRowColors(True)
-        self.view.setWordWrap(False)
-        self.view.verticalHeader().hide()
-        self.view.verticalHeader().setSectionResizeMode(QHeaderView.Fixed)
-        self.view.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 6)
-        header = self.view.horizontalHeader()
-        for col, width in enumerate((74, 66, 150, 110, 80, 260, 80, 40)):
-            header.resizeSection(col, width)
-        header.setSectionResizeMode(5, QHeaderView.Stretch)
+        self.view = row_table_view(self.model, (74, 66, 150, 110, 80, 260, 80, 40), stretch=5, multi=True)
         self.view.setContextMenuPolicy(Qt.CustomContextMenu)
         self.view.customContextMenuRequested.connect(self._context_menu)
         self.view.selectionModel().selectionChanged.connect(self._update_actions)

@@ -12,12 +12,18 @@ from __future__ import annotations
 import itertools
 
 from PySide6.QtCore import QItemSelectionModel, QModelIndex, Qt, Signal
-from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QTableView,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QVBoxLayout,
+    QWidget,
+)
 
 from gui import theme
-from gui.widgets.row_table_model import RowTableModel
 from gui.model.engine_state import EngineState, RequestRow
+from gui.widgets.row_table_model import RowTableModel, row_table_view
 from gui.widgets.state_view import StateView
 
 COLUMNS = ("Request", "Tenant", "Prompt", "Phase", "Pages", "TTFT ms", "Tokens")
@@ -107,20 +113,7 @@ class RequestsTable(StateView, QWidget):
         self._refreshes = itertools.count()
         self._quiet = False  # set while the table itself moves the selection
         self.model = RequestsModel(self)
-        self.view = QTableView()
-        self.view.setModel(self.model)
-        self.view.setSelectionBehavior(QAbstractItemView.SelectRows)
-        self.view.setSelectionMode(QAbstractItemView.SingleSelection)
-        self.view.setAlternatingRowColors(True)
-        self.view.setWordWrap(False)
-        vertical = self.view.verticalHeader()
-        vertical.hide()
-        vertical.setSectionResizeMode(QHeaderView.Fixed)
-        vertical.setDefaultSectionSize(self.fontMetrics().height() + 6)
-        header = self.view.horizontalHeader()
-        for col, width in enumerate((110, 80, 64, 110, 200, 70, 60)):
-            header.resizeSection(col, width)
-        header.setSectionResizeMode(4, QHeaderView.Stretch)
+        self.view = row_table_view(self.model, (110, 80, 64, 110, 200, 70, 60), stretch=4)
         self.view.selectionModel().selectionChanged.connect(self._selection_changed)
 
         self.filter = QComboBox()

@@ -8,13 +8,21 @@ in-flight requests, so they ask first.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QAbstractItemView, QApplication, QHBoxLayout, QHeaderView, QMessageBox,
-                               QPushButton, QStyle, QStyledItemDelegate, QStyleOptionProgressBar, QTableView,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QApplication,
+    QHBoxLayout,
+    QMessageBox,
+    QPushButton,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionProgressBar,
+    QVBoxLayout,
+    QWidget,
+)
 
 from gui import theme
-from gui.widgets.row_table_model import RowTableModel
 from gui.model.engine_state import EngineState, WorkerRow
+from gui.widgets.row_table_model import RowTableModel, row_table_view
 from gui.widgets.state_view import StateView
 
 COLUMNS = ("Worker", "Role", "State", "PID", "Device", "Pool usage")
@@ -66,17 +74,8 @@ class WorkersModel(RowTableModel):
             return f"{w.name}: {w.state}, {w.inflight} in-flight request(s), pool {w.pool}{extra}"
         return None
 
-    def update_rows(self, rows: list[WorkerRow]) -> bool:
-        """Swap in new rows; True when the set of workers changed (the model was reset)."""
-        if [w.name for w in rows] == [w.name for w in self.rows]:
-            self.rows = rows
-            if rows:
-                self.dataChanged.emit(self.index(0, 0), self.index(len(rows) - 1, len(COLUMNS) - 1))
-            return False
-        self.beginResetModel()
-        self.rows = rows
-        self.endResetModel()
-        return True
+    def row_key(self, row: WorkerRow) -> str:
+        return row.name
 
 
 class UsageBarDelegate(QStyledItemDelegate):
@@ -110,17 +109,9 @@ class WorkersPanel(StateView, QWidget):
         self._readonly = False
         self._connected = True
         self.model = WorkersModel(self)
-        self.view = QTableView()
-        self.view.setModel(self.model)
-        self.view.setSelectionBehavior(QAbstractItemView.SelectRows)
-        self.view.setSelectionMode(QAbstractItemView.SingleSelection)
-        self.view.verticalHeader().hide()
-        self.view.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 10)
+        self.view = row_table_view(self.model, (90, 64, 72, 64, 70, 150), stretch=USAGE_COLUMN, row_padding=10,
+                                   striped=False)
         self.view.setItemDelegateForColumn(USAGE_COLUMN, UsageBarDelegate(self.view))
-        header = self.view.horizontalHeader()
-        for col, width in enumerate((90, 64, 72, 64, 70, 150)):
-            header.resizeSection(col, width)
-        header.setSectionResizeMode(USAGE_COLUMN, QHeaderView.Stretch)
         self.view.selectionModel().selectionChanged.connect(self._update_buttons)
 
         self.buttons = {
