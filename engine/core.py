@@ -16,7 +16,7 @@ import torch
 
 from engine.admission import check_admission, check_prompt_ids
 from engine.config import EngineConfig
-from engine.errors import ConfigError, InvalidRequest, OwnershipViolation
+from engine.errors import ConfigError, InvalidRequest, OwnershipViolation, SamplingFailed
 from engine.kv.page_pool import PageLayout, PagePool
 from engine.kv.page_table import PageTable
 from engine.model.load import LoadedModel, load_model
@@ -217,9 +217,13 @@ class Engine:
         return requests
 
     # ---- internals -------------------------------------------------------------------
-    def _emit(self, requests: list[Request], tokens: list[int], outputs: list[RequestOutput]) -> None:
+    def _emit(self, requests: list[Request], tokens: list, outputs: list[RequestOutput]) -> None:
         now = time.monotonic()
         for req, tok in zip(requests, tokens):
+            if isinstance(tok, SamplingFailed):  # this request alone fails
+                self._finish(req, RequestState.FAILED, tok.code, tok)
+                outputs.append(RequestOutput(req.request_id, [], True, tok.code, tok))
+                continue
             req.output_ids.append(tok)
             if req.first_token_time is None:
                 req.first_token_time = now

@@ -34,6 +34,13 @@ class InvalidRequest(PageWardenError, ValueError):
     code = "invalid_request"
 
 
+class SamplingFailed(PageWardenError):
+    """One request's next token could not be drawn (its probabilities were not finite, or the
+    sampler raised): that request fails, the rest of its batch goes on."""
+
+    code = "sampling_failed"
+
+
 class AdmissionRejected(PageWardenError):
     """I2: the request cannot fit the context window or a pool; nothing was allocated."""
 

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import torch
 
+from engine.errors import SamplingFailed
 from engine.request import Request
 
 
-def sample_next(logits: torch.Tensor, requests: list[Request], generators: dict[str, torch.Generator]) -> list[int]:
+def sample_next(logits: torch.Tensor, requests: list[Request],
+                generators: dict[str, torch.Generator]) -> list[int | SamplingFailed]:
     """Greedy rows in one argmax; sampled rows each with the request's own generator.
 
-    logits [B, V] float32, one row per request in order.
+    logits [B, V] float32, one row per request in order. A row whose token cannot be drawn
+    gives a SamplingFailed naming its request instead of a token: the caller fails that
+    request alone, and the others in the batch go on.
     """
     tokens = torch.argmax(logits, dim=-1).tolist()
     for row, req in enumerate(requests):
@@ -21,7 +25,12 @@ def sample_next(logits: torch.Tensor, requests: list[Request], generators: dict[
                 gen = torch.Generator(device=logits.device)
                 gen.manual_seed(p.seed if p.seed is not None else torch.seed())
                 generators[req.request_id] = gen
-            tokens[row] = _sample_row(logits[row], p.temperature, p.top_k, p.top_p, gen)
+            try:
+                tokens[row] = _sample_row(logits[row], p.temperature, p.top_k, p.top_p, gen)
+            except (RuntimeError, ValueError) as exc:  # e.g. multinomial over inf/NaN probabilities
+                tokens[row] = SamplingFailed(
+                    f"request {req.request_id}: no next token could be sampled at temperature {p.temperature:g}, "
+                    f"top_k {p.top_k}, top_p {p.top_p:g} ({type(exc).__name__}: {str(exc).splitlines()[0]})")
     return tokens
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import zmq
 
-from engine.errors import PoolExhausted
+from engine.errors import PoolExhausted, SamplingFailed
 from engine.kv.page_table import PageTable
 from engine.request import Request, SamplingParams
 from engine.sampling import sample_next
@@ -120,6 +120,10 @@ class PrefillWorker(WorkerLoop):
         logits = self.engine.runner.prefill([job.request for job in batch])
         tokens = sample_next(logits, [job.request for job in batch], self.generators)
         for job, token in zip(batch, tokens):
+            if isinstance(token, SamplingFailed):  # this request alone fails; the batch ships
+                self.engine.pool.free(job.request.slot, job.request.page_table.pages)
+                self.send({"op": "prefill_failed", "request_id": job.request.request_id, "error": token.to_wire()})
+                continue
             self._ship(job, token)
 
     def _start_batch(self) -> list[PrefillJob]:

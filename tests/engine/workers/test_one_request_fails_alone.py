@@ -1,0 +1,91 @@
+"""Issue 14: an exception while serving one request fails that request alone; the rest of
+its batch is served and the worker goes on. The sampler is made to fail for one request
+(temperature 0.7 here); everything else is real: the prefill worker, its pool, its bus and
+the transfer socket on ipc, the single-process engine."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+
+import engine.sampling
+from engine.config import EngineConfig
+from engine.request import SamplingParams
+from engine.wire.protocol import Message, unpack
+from engine.workers.prefill import PrefillWorker
+
+DOOMED_TEMPERATURE = 0.7
+
+
+@pytest.fixture
+def doomed_sampler(monkeypatch):
+    real = engine.sampling._sample_row
+
+    def sample_row(logits, temperature, top_k, top_p, gen):
+        if temperature == DOOMED_TEMPERATURE:
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        return real(logits, temperature, top_k, top_p, gen)
+
+    monkeypatch.setattr(engine.sampling, "_sample_row", sample_row)
+
+
+def _config() -> EngineConfig:
+    return EngineConfig().replace(model={"device": "cpu", "dtype": "float32"}, engine={"kernels": "torch"},
+                                  canaries={"enabled": False})
+
+
+def test_the_single_process_engine_fails_one_request_and_serves_the_rest(make_engine, doomed_sampler):
+    eng = make_engine()
+    doomed = eng.submit([256, 5, 6, 7], SamplingParams(max_new_tokens=4, temperature=DOOMED_TEMPERATURE))
+    fine = eng.submit([256, 5, 6, 7], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    sampled = eng.submit([256, 8, 9], SamplingParams(max_new_tokens=4, temperature=1.0, seed=1, ignore_eos=True))
+    eng.run_until_idle()
+    assert doomed.finish_reason == "sampling_failed" and doomed.error.code == "sampling_failed"
+    assert f"request {doomed.request_id}: no next token could be sampled at temperature 0.7" in str(doomed.error)
+    assert fine.finish_reason == "length" and len(fine.output_ids) == 4
+    assert sampled.finish_reason == "length" and len(sampled.output_ids) == 4
+    assert eng.pool.used_pages == 0  # the failed request's pages came back too
+
+
+def test_a_prefill_worker_fails_one_request_and_ships_the_rest_of_its_batch(tmp_path, doomed_sampler):
+    ctx = zmq.Context()
+    bus = ctx.socket(zmq.ROUTER)
+    bus.bind(f"ipc://{tmp_path}/bus")
+    kv = ctx.socket(zmq.PULL)
+    kv_endpoint = f"ipc://{tmp_path}/kv"
+    kv.bind(kv_endpoint)
+    worker = PrefillWorker("prefill-0", f"ipc://{tmp_path}/bus", "token", _config(), str(tmp_path))
+    try:
+        free = worker.engine.pool.free_pages
+        for rid, slot, temperature in (("doomed", 1, DOOMED_TEMPERATURE), ("fine", 2, 0.0)):
+            prompt = [256, *range(40, 60)]
+            reservation = {"request_id": rid, "slot": slot, "epoch": slot, "tokens": len(prompt),
+                           "pages": [10 * slot, 10 * slot + 1], "page_epochs": [1, 1]}
+            worker.handle(Message({"op": "prefill", "request_id": rid, "slot": slot, "prompt_ids": prompt,
+                                   "params": {"max_new_tokens": 4, "temperature": temperature},
+                                   "target": {"endpoint": kv_endpoint, "reservation": reservation}}))
+        worker.work()  # one batch: both jobs
+        said = {}
+        while bus.poll(2000):
+            msg = unpack(bus.recv_multipart()[1:])
+            said.setdefault(msg.get("request_id"), []).append(msg)
+            if {"doomed", "fine"} <= said.keys():
+                break
+        doomed, fine = said["doomed"][0], said["fine"][0]
+        assert doomed.op == "prefill_failed" and doomed.get("error")["code"] == "sampling_failed"
+        assert "request doomed: no next token could be sampled" in doomed.get("error")["message"]
+        assert fine.op == "prefilled" and fine.get("chunks") >= 1
+        assert kv.poll(2000)  # its pages went out
+        for _ in range(200):  # the send completes at once on ipc; bounded all the same
+            worker._release_shipped()
+            if not worker.shipping:
+                break
+            time.sleep(0.01)
+        assert worker.engine.pool.free_pages == free  # both requests' pages are back
+    finally:
+        worker.close()
+        bus.close(0)
+        kv.close(0)
+        ctx.term()
