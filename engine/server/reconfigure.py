@@ -4,7 +4,7 @@ a structural change drains the workers it concerns, which restart with it."""
 
 from __future__ import annotations
 
-from engine.capacity import check_capacity, exceeding
+from engine.capacity import exceeding
 from engine.errors import ConfigError
 
 LIVE_ENGINE_KEYS = {"scrub_policy", "max_batch", "ownership_policy"}  # workers take them while running
@@ -19,7 +19,7 @@ def reconfigure(sup, changes: dict, *, apply: bool) -> dict:
     except (ConfigError, TypeError, AttributeError) as exc:
         raise ConfigError(f"reconfigure refused: {exc}") from None
     new.check_faults_allowed(sup.allow_faults)
-    findings = check_capacity(new, model_max_positions=sup.model_config.max_position_embeddings)
+    findings = sup._capacity(new)  # the supervisor's one capacity check, for the new config
     restart = needs_restart(sup.config, new, sup.workers.values())
     result = {
         "valid": True, "applied": False, "findings": [f.to_dict() for f in findings],
@@ -29,7 +29,7 @@ def reconfigure(sup, changes: dict, *, apply: bool) -> dict:
     if apply:
         if new.engine.strict_capacity and exceeding(findings):
             raise ConfigError("strict capacity refuses: " + "; ".join(f.message() for f in exceeding(findings)))
-        _apply(sup, new, restart)
+        _apply(sup, new, findings, restart)
         result["applied"] = True
     return result
 
@@ -49,15 +49,15 @@ def needs_restart(old, new, workers) -> set[str]:
     return restart
 
 
-def _apply(sup, new, restart: set[str]) -> None:
-    live = {k: v for k, v in new.to_dict()["engine"].items() if k in LIVE_ENGINE_KEYS}
+def _apply(sup, new, findings, restart: set[str]) -> None:
+    wire = new.to_dict()
+    live = {k: v for k, v in wire["engine"].items() if k in LIVE_ENGINE_KEYS}
     sup.config = new
-    sup.findings = sup._capacity(new)
+    sup.findings = findings  # checked above against the same model: not computed again
     sup.canaries.configure(new.canaries)
-    sup.broadcast({"op": "configure", "engine": live, "defences": new.to_dict()["defences"],
-                   "faults": new.to_dict()["faults"]})
+    sup.broadcast({"op": "configure", "engine": live, "defences": wire["defences"], "faults": wire["faults"]})
     for name in restart:
         sup.workers.drain(sup.workers[name])  # restarts when its last request ends
     sup.publish_capacity()
     sup.publish_workers()
-    sup.audit.record("engine", "reconfigured", config=new.to_dict(), restart=sorted(restart))
+    sup.audit.record("engine", "reconfigured", config=wire, restart=sorted(restart))
