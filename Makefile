@@ -18,7 +18,7 @@ bench: $(STAMP)
 
 # A CUDA machine gets the regular torch; a CPU-only one the CPU build (torch==2.13.0,
 # which this workplace's machines take from a local file instead of a multi-GB CUDA wheel).
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 	else \
 		$(PY) -m pip install --quiet torch==2.13.0; \
 	fi
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 clean-venv:

@@ -7,10 +7,11 @@ import socket
 
 import pytest
 
-from gui.main_window import MainWindow
-from gui.transport import TransportThread
 from engine.client.local_server import LocalServer as ServerProcess
 from engine.client.local_server import write_config
+from gui.main_window import MainWindow
+from gui.transport import TransportThread
+from tests.gui.waits import connected_and_ready
 
 CONNECT_TIMEOUT_MS = 120_000
 
@@ -48,8 +49,7 @@ def open_window(qtbot):
                                     client_keys=client_keys)
         window.attach(transport, endpoint)
         window.show()
-        qtbot.waitUntil(lambda: window.connection == "connected" and bool(window.state.workers)
-                        and all(w.state == "ready" for w in window.state.workers), timeout=CONNECT_TIMEOUT_MS)
+        qtbot.waitUntil(lambda: connected_and_ready(window), timeout=CONNECT_TIMEOUT_MS)
         windows.append(window)
         return window
 

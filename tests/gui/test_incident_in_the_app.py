@@ -15,6 +15,7 @@ from engine.config import EngineConfig
 from engine.guard.reproduce import run_workload
 from engine.guard.scenarios import SCENARIOS, config_sections
 from engine.wire.page_tags import PageState
+from tests.gui.waits import connected_and_ready
 
 CONNECT_MS = 180_000
 
@@ -34,8 +35,7 @@ def test_incident_placeholder_in_the_app(qtbot, tmp_path):
     window.show()
     client = None
     try:
-        qtbot.waitUntil(lambda: window.connection == "connected" and bool(window.state.workers)
-                        and all(w.state == "ready" for w in window.state.workers), timeout=CONNECT_MS)
+        qtbot.waitUntil(lambda: connected_and_ready(window), timeout=CONNECT_MS)
         client = EngineClient(window.endpoint, timeout_s=300)
         rng = random.Random(7)
         # phase 1: the manifest check is off, the writer-tag check catches the placeholders

@@ -12,6 +12,7 @@ import zmq
 from PySide6.QtWidgets import QApplication
 
 from engine.config import REPO_ROOT
+from tests.gui.waits import connected_and_ready
 
 SOAK_MESSAGES = 200_000
 
@@ -77,8 +78,7 @@ def test_hosted_engine_starts_with_the_window_and_stops_with_it(qtbot, tmp_path)
     qtbot.addWidget(app.window)
     app.start()
     app.window.show()
-    qtbot.waitUntil(lambda: app.window.connection == "connected" and app.window.state.workers
-                    and all(w.state == "ready" for w in app.window.state.workers), timeout=180_000)
+    qtbot.waitUntil(lambda: connected_and_ready(app.window), timeout=180_000)
     assert app.window.hosted and app.hosted.control == app.window.endpoint
     pids = [app.hosted.pid, *[w.pid for w in app.window.state.workers]]
     app.window.close()
