@@ -17,6 +17,7 @@ import torch
 from engine.admission import check_admission, check_prompt_ids
 from engine.config import EngineConfig
 from engine.errors import ConfigError, InvalidRequest, OwnershipViolation, SamplingFailed
+from engine.isolate import each_alone
 from engine.kv.page_pool import PageLayout, PagePool
 from engine.kv.page_table import PageTable
 from engine.model.load import LoadedModel, load_model
@@ -172,39 +173,43 @@ class Engine:
         self.pool.release_quarantine()
         plan = self.scheduler.schedule()
         outputs: list[RequestOutput] = []
-        if plan.prefill:
-            logits = self.runner.prefill(plan.prefill)
-            for req in plan.prefill:
+        def fail(req: Request, error) -> None:
+            self._fail_request(req, error, outputs)
+        for batch, logits in each_alone(self.runner.prefill, plan.prefill, fail, "prefill"):
+            for req in batch:
                 written = req.page_table.pages[: self.pool.pages_for_tokens(req.prompt_len)]
                 self.pool.set_state(req.slot, written, PageState.WRITTEN)
-            self.counters.prefill_tokens += sum(r.prompt_len for r in plan.prefill)
-            self._emit(plan.prefill, sample_next(logits, plan.prefill, self._generators), outputs)
-        if plan.decode:
-            result = self.runner.decode(plan.decode)
-            tokens = sample_next(result.logits, plan.decode, self._generators)
-            clean, clean_tokens = [], []
-            prevent = self.runner.check_writer_tags and self.config.engine.ownership_policy == "abort"
-            for row, (req, tok) in enumerate(zip(plan.decode, tokens)):
-                counts = IsolationCounts(int(result.foreign[row]), int(result.unwritten[row]),
-                                         len(result.not_owned[row]))
-                position = req.num_tokens - 1
-                page = req.page_table.pages[position // self.pool.page_size]
-                if position % self.pool.page_size == 0 and self.pool.owner[page] == req.slot:
-                    self.pool.set_state(req.slot, [page], PageState.WRITTEN)
-                if len(result.cross_reads[row]):
-                    self._record_cross_reads(req, result.cross_reads[row])
-                if counts and prevent:
-                    # I1: never emit a token computed with pages this request does not own.
-                    self._fail_ownership(req, counts, outputs, result.not_owned[row])
-                else:
-                    if counts:  # the detector saw it; the defence is off or only reporting
-                        self._report_ownership(req, counts, result.not_owned[row], prevented=False)
-                    clean.append(req)
-                    clean_tokens.append(tok)
-            self.counters.decode_tokens += len(clean)
-            self._emit(clean, clean_tokens, outputs)
+            self.counters.prefill_tokens += sum(r.prompt_len for r in batch)
+            self._emit(batch, sample_next(logits, batch, self._generators), outputs)
+        for batch, result in each_alone(self.runner.decode, plan.decode, fail, "decode step"):
+            self._decoded(batch, result, outputs)
         self.counters.steps += 1
         return outputs
+
+    def _decoded(self, batch: list[Request], result, outputs: list[RequestOutput]) -> None:
+        """One decode step's result for `batch`: I1's verdict per request, then its token."""
+        tokens = sample_next(result.logits, batch, self._generators)
+        clean, clean_tokens = [], []
+        prevent = self.runner.check_writer_tags and self.config.engine.ownership_policy == "abort"
+        for row, (req, tok) in enumerate(zip(batch, tokens)):
+            counts = IsolationCounts(int(result.foreign[row]), int(result.unwritten[row]),
+                                     len(result.not_owned[row]))
+            position = req.num_tokens - 1
+            page = req.page_table.pages[position // self.pool.page_size]
+            if position % self.pool.page_size == 0 and self.pool.owner[page] == req.slot:
+                self.pool.set_state(req.slot, [page], PageState.WRITTEN)
+            if len(result.cross_reads[row]):
+                self._record_cross_reads(req, result.cross_reads[row])
+            if counts and prevent:
+                # I1: never emit a token computed with pages this request does not own.
+                self._fail_ownership(req, counts, outputs, result.not_owned[row])
+            else:
+                if counts:  # the detector saw it; the defence is off or only reporting
+                    self._report_ownership(req, counts, result.not_owned[row], prevented=False)
+                clean.append(req)
+                clean_tokens.append(tok)
+        self.counters.decode_tokens += len(clean)
+        self._emit(clean, clean_tokens, outputs)
 
     def run_until_idle(self) -> None:
         while self.has_work:
@@ -221,8 +226,7 @@ class Engine:
         now = time.monotonic()
         for req, tok in zip(requests, tokens):
             if isinstance(tok, SamplingFailed):  # this request alone fails
-                self._finish(req, RequestState.FAILED, tok.code, tok)
-                outputs.append(RequestOutput(req.request_id, [], True, tok.code, tok))
+                self._fail_request(req, tok, outputs)
                 continue
             req.output_ids.append(tok)
             if req.first_token_time is None:
@@ -231,6 +235,10 @@ class Engine:
             if reason:
                 self._finish(req, RequestState.FINISHED, reason)
             outputs.append(RequestOutput(req.request_id, [tok], req.done, req.finish_reason))
+
+    def _fail_request(self, req: Request, error, outputs: list[RequestOutput]) -> None:
+        self._finish(req, RequestState.FAILED, error.code, error)
+        outputs.append(RequestOutput(req.request_id, [], True, error.code, error))
 
     def _finish_reason(self, req: Request, tok: int) -> str | None:
         if not req.params.ignore_eos and tok in self._stop_ids:
@@ -289,8 +297,7 @@ class Engine:
             f"the client",
             pages=pages,
         )
-        self._finish(req, RequestState.FAILED, error.code, error)
-        outputs.append(RequestOutput(req.request_id, [], True, error.code, error))
+        self._fail_request(req, error, outputs)
 
     def ownership_report(self, req: Request, foreign=()) -> list[dict]:
         """The pages of `req`'s context holding token slots it needed that fail I1 (another

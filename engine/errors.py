@@ -41,6 +41,13 @@ class SamplingFailed(PageWardenError):
     code = "sampling_failed"
 
 
+class RequestFailed(PageWardenError):
+    """Serving one request raised (its forward pass, run alone, still raised): that request
+    fails with the reason, the rest of its batch is served and the worker goes on."""
+
+    code = "request_failed"
+
+
 class AdmissionRejected(PageWardenError):
     """I2: the request cannot fit the context window or a pool; nothing was allocated."""
 

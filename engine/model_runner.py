@@ -14,7 +14,6 @@ from engine.model.decoder import CausalDecoder
 from engine.request import Request
 from kernels.backend import KernelSet
 
-
 NOT_YOURS = -2  # an expected tag no writer ever stamps: the kernel masks the page
 
 

@@ -58,9 +58,9 @@ def cmd_generate(args) -> int:
 
     try:
         config = load_config(args)
+        from engine.core import Engine
         from engine.model.load import load_model
         from engine.request import SamplingParams
-        from engine.core import Engine
 
         model = load_model(
             config.model.resolved_path(), dtype=config.model.dtype, device=config.model.device,

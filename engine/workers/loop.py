@@ -10,8 +10,8 @@ from collections import deque
 import zmq
 
 from engine.config import EngineConfig
-from engine.errors import PageWardenError
 from engine.core import Engine
+from engine.errors import PageWardenError
 from engine.wire.protocol import Message, ProtocolError, pack, page_arrays, unpack
 from engine.wire.sockets import drain, harden
 from engine.workers.page_telemetry import PageTelemetry

@@ -18,6 +18,7 @@ import torch
 import zmq
 
 from engine.errors import PoolExhausted, SamplingFailed
+from engine.isolate import each_alone
 from engine.kv.page_table import PageTable
 from engine.request import Request, SamplingParams
 from engine.sampling import sample_next
@@ -117,14 +118,18 @@ class PrefillWorker(WorkerLoop):
         batch = self._start_batch()
         if not batch:
             return
-        logits = self.engine.runner.prefill([job.request for job in batch])
-        tokens = sample_next(logits, [job.request for job in batch], self.generators)
-        for job, token in zip(batch, tokens):
-            if isinstance(token, SamplingFailed):  # this request alone fails; the batch ships
-                self.engine.pool.free(job.request.slot, job.request.page_table.pages)
-                self.send({"op": "prefill_failed", "request_id": job.request.request_id, "error": token.to_wire()})
-                continue
-            self._ship(job, token)
+        jobs = {job.request.request_id: job for job in batch}
+        for requests, logits in each_alone(self.engine.runner.prefill, [job.request for job in batch],
+                                           self._fail_job, "prefill"):
+            for request, token in zip(requests, sample_next(logits, requests, self.generators)):
+                if isinstance(token, SamplingFailed):  # this request alone fails; the batch ships
+                    self._fail_job(request, token)
+                else:
+                    self._ship(jobs[request.request_id], token)
+
+    def _fail_job(self, request: Request, error) -> None:
+        self.engine.pool.free(request.slot, request.page_table.pages)
+        self.send({"op": "prefill_failed", "request_id": request.request_id, "error": error.to_wire()})
 
     def _start_batch(self) -> list[PrefillJob]:
         """Jobs that fit the prefill budget and the pool's free pages, in arrival order."""

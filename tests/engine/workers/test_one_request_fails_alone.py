@@ -1,7 +1,9 @@
 """Issue 14: an exception while serving one request fails that request alone; the rest of
 its batch is served and the worker goes on. The sampler is made to fail for one request
-(temperature 0.7 here); everything else is real: the prefill worker, its pool, its bus and
-the transfer socket on ipc, the single-process engine."""
+(temperature 0.7 here), or the model's forward pass for any batch holding one request's
+input (a poisoned token in a prompt, a poisoned position in a decode step); everything else
+is real: the prefill worker, its pool, its bus and the transfer socket on ipc, the
+single-process engine."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import pytest
 import zmq
 
 import engine.sampling
+from engine.attention import PagedDecodeAttention
+from engine.model.decoder import CausalDecoder
 from engine.config import EngineConfig
 from engine.request import SamplingParams
 from engine.wire.protocol import Message, unpack
@@ -29,6 +33,56 @@ def doomed_sampler(monkeypatch):
         return real(logits, temperature, top_k, top_p, gen)
 
     monkeypatch.setattr(engine.sampling, "_sample_row", sample_row)
+
+
+POISON_TOKEN = 77  # in a prompt: the prefill pass over any batch holding it raises
+POISON_POSITION = 20  # in a decode step: the pass over any batch decoding at it raises
+
+
+@pytest.fixture
+def poisoned_forward(monkeypatch):
+    real = CausalDecoder.forward
+
+    def forward(self, tokens, positions, ctx, logit_rows=None):
+        decoding = isinstance(ctx, PagedDecodeAttention)
+        if (not decoding and bool((tokens == POISON_TOKEN).any())) or (
+                decoding and bool((positions == POISON_POSITION).any())):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(self, tokens, positions, ctx, logit_rows)
+
+    monkeypatch.setattr(CausalDecoder, "forward", forward)
+
+
+def test_a_prompt_that_makes_the_prefill_pass_raise_fails_alone(make_engine, poisoned_forward):
+    eng = make_engine()
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    before = eng.submit([256, 5, 6, 7], params)
+    doomed = eng.submit([256, 5, POISON_TOKEN, 7], params)
+    after = eng.submit([256, 8, 9], params)
+    eng.run_until_idle()
+    assert doomed.finish_reason == "request_failed" and doomed.error.code == "request_failed"
+    assert str(doomed.error).startswith(f"request {doomed.request_id}: its prefill raised RuntimeError: CUDA error")
+    for fine in (before, after):
+        assert fine.finish_reason == "length" and len(fine.output_ids) == 4
+    alone = make_engine().generate([[256, 5, 6, 7], [256, 8, 9]], params)
+    assert [before.output_ids, after.output_ids] == [r.output_ids for r in alone]  # same tokens as unharmed
+    assert eng.pool.used_pages == 0
+
+
+def test_a_request_whose_decode_step_raises_fails_alone_and_the_batch_decodes_on(make_engine, poisoned_forward):
+    eng = make_engine()
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    long_prompt = [256, *range(30, 30 + POISON_POSITION + 4)]  # decodes past the poisoned position
+    doomed = eng.submit([256, *range(30, 30 + POISON_POSITION - 3)], params)  # reaches it in step 3
+    others = [eng.submit(long_prompt, params), eng.submit([256, 5, 6], SamplingParams(max_new_tokens=3))]
+    eng.run_until_idle()
+    assert doomed.finish_reason == "request_failed"
+    assert f"request {doomed.request_id}: its decode step raised RuntimeError" in str(doomed.error)
+    assert len(doomed.output_ids) == POISON_POSITION - doomed.prompt_len + 1  # tokens before the bad step
+    assert others[0].finish_reason == "length" and len(others[0].output_ids) == 8
+    assert others[1].finish_reason in ("length", "eos")
+    assert eng.pool.used_pages == 0
+    assert eng.step() == []  # and the engine goes on
 
 
 def _config() -> EngineConfig:
@@ -84,6 +138,44 @@ def test_a_prefill_worker_fails_one_request_and_ships_the_rest_of_its_batch(tmp_
                 break
             time.sleep(0.01)
         assert worker.engine.pool.free_pages == free  # both requests' pages are back
+    finally:
+        worker.close()
+        bus.close(0)
+        kv.close(0)
+        ctx.term()
+
+
+def test_a_prefill_worker_whose_forward_pass_raises_for_one_prompt_ships_the_others(tmp_path, poisoned_forward):
+    ctx = zmq.Context()
+    bus = ctx.socket(zmq.ROUTER)
+    bus.bind(f"ipc://{tmp_path}/bus")
+    kv = ctx.socket(zmq.PULL)
+    kv_endpoint = f"ipc://{tmp_path}/kv"
+    kv.bind(kv_endpoint)
+    worker = PrefillWorker("prefill-0", f"ipc://{tmp_path}/bus", "token", _config(), str(tmp_path))
+    try:
+        free = worker.engine.pool.free_pages
+        for rid, slot, poison in (("fine-1", 1, []), ("doomed", 2, [POISON_TOKEN]), ("fine-2", 3, [])):
+            prompt = [256, *range(40, 50), *poison]
+            reservation = {"request_id": rid, "slot": slot, "epoch": slot, "tokens": len(prompt),
+                           "pages": [10 * slot], "page_epochs": [1]}
+            worker.handle(Message({"op": "prefill", "request_id": rid, "slot": slot, "prompt_ids": prompt,
+                                   "params": {"max_new_tokens": 4},
+                                   "target": {"endpoint": kv_endpoint, "reservation": reservation}}))
+        worker.work()  # one batch: the three jobs
+        said = {}
+        while len(said) < 3 and bus.poll(2000):
+            msg = unpack(bus.recv_multipart()[1:])
+            said[msg.get("request_id")] = msg
+        assert said["doomed"].op == "prefill_failed" and said["doomed"].get("error")["code"] == "request_failed"
+        assert said["fine-1"].op == "prefilled" and said["fine-2"].op == "prefilled"
+        for _ in range(200):
+            worker._release_shipped()
+            if not worker.shipping:
+                break
+            time.sleep(0.01)
+        assert worker.engine.pool.free_pages == free
+        worker.work()  # the worker goes on
     finally:
         worker.close()
         bus.close(0)
