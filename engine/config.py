@@ -77,10 +77,22 @@ class AuditSection:
     provenance: bool = True
 
 
+RESTART_POLICIES = ("on-failure", "never")
+
+
 @dataclass(frozen=True)
 class WorkersSection:
     prefill: int = 1  # prefill worker processes, each with its own prefill pool
     decode: int = 1  # decode worker processes, each with its own decode pool
+    # A crashed worker is started again after restart_backoff_ms, doubled for each crash in a
+    # row (at most 60 s), up to restart_limit crashes in a row; a worker that stayed ready for
+    # a minute starts the count afresh. "never": a crashed worker stays down.
+    restart: str = "on-failure"
+    restart_limit: int = 5
+    restart_backoff_ms: int = 1000
+    # A request no worker of a role can take (none ready) fails after this long with the
+    # reason; at once when none of that role can come back (stopped, or crashed for good).
+    unplaced_timeout_s: int = 60
 
 
 @dataclass(frozen=True)
@@ -187,6 +199,8 @@ def config_from_dict(data: dict[str, Any], *, source: str = "<dict>") -> EngineC
         ("audit", AuditSection))}
     pools = _pools(data.get("pools", {n: {"pages": 4096} for n in POOL_NAMES}), source)
     _check_choices(model, engine, source)
+    if workers.restart not in RESTART_POLICIES:
+        raise ConfigError(f"{source}: workers.restart = {workers.restart!r} is not one of {', '.join(RESTART_POLICIES)}")
     return EngineConfig(model=model, engine=engine, workers=workers, pools=pools, source=source, **extra)
 
 
@@ -201,6 +215,9 @@ _RANGES = {
     "prefill": (1, 64),
     "decode": (1, 64),
     "per_minute": (0, 600),
+    "restart_limit": (0, 1000),
+    "restart_backoff_ms": (0, 60_000),
+    "unplaced_timeout_s": (1, 86_400),
     "marker_chars": (8, 128),
 }
 

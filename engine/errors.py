@@ -106,6 +106,12 @@ class WorkerCrashed(PageWardenError):
     code = "worker_crashed"
 
 
+class NoWorker(PageWardenError):
+    """No worker of a role the request needs is ready, and none came back in time (or none can)."""
+
+    code = "no_worker"
+
+
 class Cancelled(PageWardenError):
     """The client cancelled the request."""
 

@@ -13,6 +13,7 @@ import tomllib
 from pathlib import Path
 
 from engine.config import REPO_ROOT as REPO  # noqa: E402
+
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 

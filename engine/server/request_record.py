@@ -47,6 +47,8 @@ class RequestRecord:
     cancel_requested: bool = False
     placeholder: bool = False  # the placeholder_on_reject fault stood in for it
     pages: dict[str, int] = field(default_factory=dict)  # pool name -> pages held
+    waiting_for: str | None = None  # why it cannot be placed now (no ready worker of a role)
+    unplaced_since: float | None = None
 
     @property
     def done(self) -> bool:
@@ -73,5 +75,5 @@ class RequestRecord:
             "max_new_tokens": self.params.get("max_new_tokens"), "tokens": len(self.output_ids),
             "decode_worker": self.decode_worker, "prefill_worker": self.prefill_worker,
             "pages": dict(self.pages), "ttft_s": self.ttft_s, "finish_reason": self.finish_reason,
-            "error": self.error, "arrival": self.arrival_wall,
+            "error": self.error, "arrival": self.arrival_wall, "waiting_for": self.waiting_for,
         }

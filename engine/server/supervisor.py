@@ -20,7 +20,7 @@ import zmq
 
 from engine.capacity import check_capacity, exceeding
 from engine.config import EngineConfig
-from engine.errors import ConfigError, PageWardenError, WorkerCrashed, WorkerStopped
+from engine.errors import ConfigError, NoWorker, PageWardenError, WorkerCrashed, WorkerStopped
 from engine.guard.canaries import CanaryBook
 from engine.guard.read_log import ReadLog
 from engine.model.config import read_model_config
@@ -91,6 +91,7 @@ class Supervisor:
         self.counters: Counter[str] = Counter()
         self.book = RequestBook()  # every request, and the one place a phase changes
         self.progressed: set[str] = set()  # requests with new tokens since the last update
+        self._unplaced: set[str] = set()  # requests marked waiting for a worker (fail_unplaced)
         self.pending_metadata: dict[int, tuple[bytes, object]] = {}
         self.pending_truth: dict[int, dict] = {}
         self.prompt_log: deque[dict] = deque(maxlen=100_000)
@@ -131,6 +132,7 @@ class Supervisor:
             self.broadcast({"op": "telemetry", "pages": self.telemetry.wants_pages()})
         self.workers.watch()
         self.dispatch()
+        self.fail_unplaced()
         self.periodic()
 
     def _drain(self, sock: zmq.Socket, handler) -> None:
@@ -212,6 +214,41 @@ class Supervisor:
             self.audit.record(rec.request_id, "reserve_sent", worker=worker.name)
             self.publish_request(rec)
         self._dispatch_prefill()
+
+    def fail_unplaced(self, now: float | None = None) -> None:
+        """Requests waiting for a role with no ready worker: their reason is in status; they
+        fail after workers.unplaced_timeout_s, or at once when no worker of that role can
+        come back (stopped, or crashed and not restarted). Waiting for pages is not this."""
+        now = time.monotonic() if now is None else now
+        why = {role: self.workers.why_none_ready(role) for role in ("decode", "prefill")}
+        if not any(why.values()) and not self._unplaced:
+            return  # the usual case: every role has a ready worker, nobody was marked waiting
+        timeout = self.config.workers.unplaced_timeout_s
+        for line, roles in ((self.book.queue, ("decode", "prefill")), (self.book.awaiting_prefill, ("prefill",))):
+            for rid in list(line):
+                rec = self.book[rid]
+                blocked = next((role for role in roles if why[role]), None)
+                if blocked is None:
+                    rec.waiting_for, rec.unplaced_since = None, None
+                    self._unplaced.discard(rid)
+                    continue
+                self._unplaced.add(rid)
+                if rec.waiting_for != why[blocked]:
+                    rec.waiting_for = why[blocked]
+                    self.publish_request(rec)
+                rec.unplaced_since = rec.unplaced_since or now
+                final = not self.workers.can_return(blocked)
+                if final or now - rec.unplaced_since >= timeout:
+                    self._fail_unplaced(rec, why[blocked], final, timeout)
+        self._unplaced = {rid for rid in self._unplaced if (rec := self.book.get(rid)) is not None and not rec.done}
+
+    def _fail_unplaced(self, rec: RequestRecord, why: str, final: bool, timeout: int) -> None:
+        when = "none can come back" if final else f"none became ready within {timeout} s (workers.unplaced_timeout_s)"
+        error = NoWorker(f"request {rec.request_id} could not be placed: {why}; {when}")
+        self._unplaced.discard(rec.request_id)
+        if rec.phase == Phase.AWAITING_PREFILL and self.workers.alive(self.workers[rec.decode_worker]):
+            self.to_worker(self.workers[rec.decode_worker], {"op": "release", "request_id": rec.request_id})
+        self.finish(rec, Phase.FAILED, error.code, error.to_wire())
 
     def _dispatch_prefill(self) -> None:
         max_jobs = self.config.engine.max_batch
@@ -296,7 +333,12 @@ class Supervisor:
         self.publish_workers()
 
     def _worker_spawned(self, worker: WorkerHandle) -> None:
-        self.audit_worker(worker, "spawned")
+        self.audit_worker(worker, "spawned" if worker.spawn_reason != "restart" else "restarted")
+        if worker.spawn_reason == "restart":
+            self.alert("worker_restarted", "warning",
+                       f"worker {worker.name} restarted after a crash (pid {worker.pid}; crash "
+                       f"{worker.crashes_in_a_row} in a row, at most {self.config.workers.restart_limit})",
+                       subject=worker.name, worker=worker.name)
         self.publish_workers()
 
     def _worker_silent(self, worker: WorkerHandle, seconds: float) -> None:

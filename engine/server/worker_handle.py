@@ -42,6 +42,10 @@ class WorkerHandle:
     restarts: int = 0
     exit_code: int | None = None
     reason: str = ""  # why it last stopped or crashed
+    ready_at: float = 0.0  # when it last said hello (0: not since its last spawn)
+    crashes_in_a_row: int = 0  # without a minute of being ready in between
+    restart_at: float | None = None  # a crashed worker's scheduled restart (monotonic)
+    spawn_reason: str = ""  # "start" (first, or asked by a client) or "restart" (after a crash)
 
     @property
     def identity(self) -> bytes:
@@ -81,7 +85,7 @@ class WorkerHandle:
         log.close()
         self.state, self.info, self.stats = WorkerState.STARTING, {}, {}
         self.started_at = self.last_seen = time.monotonic()
-        self.exit_code, self.reason = None, ""
+        self.exit_code, self.reason, self.ready_at, self.restart_at = None, "", 0.0, None
 
     def poll_exit(self) -> int | None:
         """The exit code if the process has ended, else None."""
@@ -118,6 +122,8 @@ class WorkerHandle:
                 "free_pages": self.stats.get("free_pages"),
             },
             "inflight": len(self.inflight), "restarts": self.restarts, "exit_code": self.exit_code,
-            "reason": self.reason, "stats": self.stats,
+            "reason": self.reason, "stats": self.stats, "crashes_in_a_row": self.crashes_in_a_row,
+            "restart_in_s": (None if self.restart_at is None
+                             else round(max(0.0, self.restart_at - time.monotonic()), 3)),
             "uptime_s": round(time.monotonic() - self.started_at, 3) if self.started_at else None,
         }

@@ -2,7 +2,9 @@
 
     STOPPED/CRASHED -> STARTING (spawn) -> READY (a valid hello) -> DRAINING (reconfigure:
     no new requests; restarts when its last one ends) -> STOPPING (asked to shut down) ->
-    STOPPED; any running state -> CRASHED when the process exits unasked.
+    STOPPED; any running state -> CRASHED when the process exits unasked; CRASHED ->
+    STARTING again after a backoff, by the restart policy ([workers] restart, restart_limit,
+    restart_backoff_ms), until it has crashed restart_limit times in a row.
 
 It watches the processes (exits, heartbeats, start and stop deadlines) and reports what the
 supervisor must act on through callbacks: a spawn, a worker gone silent, an exit (stopped
@@ -21,6 +23,8 @@ HEARTBEAT_TIMEOUT_S = 30.0  # only for hung workers: a dead one is seen at once 
 UNRESPONSIVE_S = 10.0  # the supervisor is told before the heartbeat timeout kills it
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 5.0
+STABLE_S = 60.0  # ready this long: its next crash is the first in a row again
+MAX_BACKOFF_MS = 60_000
 ROLES = ("prefill", "decode")
 
 
@@ -72,10 +76,28 @@ class WorkerPool:
         for worker in self.handles.values():
             self.spawn(worker)
 
-    def spawn(self, worker: WorkerHandle) -> None:
-        """-> STARTING. Raises RuntimeError when its process still runs."""
+    def spawn(self, worker: WorkerHandle, reason: str = "start") -> None:
+        """-> STARTING. reason: "start" (a first start, or asked for: the crash count starts
+        afresh) or "restart" (the policy, after a crash). Raises RuntimeError when its
+        process still runs."""
         worker.spawn(self._config(), self.bus_endpoint)
+        worker.spawn_reason = reason
+        if reason == "start":
+            worker.crashes_in_a_row = 0
         self._on_spawn(worker)
+
+    def can_return(self, role: str) -> bool:
+        """Some worker of `role` is up, on its way up, due to be restarted, or stopped (an
+        operator may start it): not every one of them crashed for good."""
+        return any(not (w.state == WorkerState.CRASHED and w.restart_at is None) for w in self.role(role))
+
+    def why_none_ready(self, role: str) -> str | None:
+        """None when a worker of `role` takes requests; else what each of them is doing."""
+        workers = self.role(role)
+        if any(w.accepting for w in workers):
+            return None
+        states = [f"{w.name} {w.state.value}" + (f" ({w.reason})" if w.reason else "") for w in workers]
+        return f"no {role} worker is ready: " + ("; ".join(states) or "none configured")
 
     def hello(self, worker: WorkerHandle, info: dict) -> None:
         """STARTING -> READY (the caller checked the token)."""
@@ -84,6 +106,7 @@ class WorkerPool:
         worker.info = info
         worker.stats = {"free_pages": info["pool"]["pages"], "used_pages": 0}
         worker.state, worker.last_seen = WorkerState.READY, time.monotonic()
+        worker.ready_at = worker.last_seen
 
     def drain(self, worker: WorkerHandle) -> None:
         """READY -> DRAINING: no new requests; it restarts when its last one ends. Other states:
@@ -95,7 +118,7 @@ class WorkerPool:
         """-> STOPPING (asked to shut down; killed past STOP_TIMEOUT_S) or, when its process is
         gone already, STOPPED (and respawned when `restart`). True when a stop is under way."""
         if not self.alive(worker):
-            worker.state = WorkerState.STOPPED
+            worker.state, worker.restart_at = WorkerState.STOPPED, None  # asked: no automatic restart
             if restart:
                 self.spawn(worker)
             return False
@@ -128,6 +151,8 @@ class WorkerPool:
                 worker.kill()
             elif worker.state == WorkerState.DRAINING and not worker.inflight:
                 self.stop(worker, restart=True)
+            elif worker.state == WorkerState.CRASHED and worker.restart_at is not None and now >= worker.restart_at:
+                self.spawn(worker, reason="restart")
 
     def shutdown(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Ask every running worker to shut down; kill what has not exited after timeout_s."""
@@ -152,4 +177,25 @@ class WorkerPool:
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         worker.reason = f"{worker.reason}; {how}" if worker.reason else how
         worker.state = WorkerState.CRASHED
+        self._schedule_restart(worker)
         self._on_exit(worker, True)
+
+    def _schedule_restart(self, worker: WorkerHandle) -> None:
+        """The restart policy, for a worker that just crashed: when (if ever) it starts again."""
+        now = time.monotonic()
+        if worker.ready_at and now - worker.ready_at >= STABLE_S:
+            worker.crashes_in_a_row = 0
+        worker.crashes_in_a_row += 1
+        policy = self._config().get("workers", {})
+        limit = int(policy.get("restart_limit", 5))
+        if policy.get("restart", "on-failure") != "on-failure":
+            worker.reason += "; not restarted (workers.restart = never)"
+        elif worker.crashes_in_a_row > limit:
+            worker.reason += (f"; not restarted: {worker.crashes_in_a_row} crashes in a row "
+                              f"(workers.restart_limit = {limit})")
+        else:
+            backoff_ms = min(int(policy.get("restart_backoff_ms", 1000)) * 2 ** (worker.crashes_in_a_row - 1),
+                             MAX_BACKOFF_MS)
+            worker.restart_at = now + backoff_ms / 1000
+            worker.reason += (f"; restarting in {backoff_ms / 1000:.1f} s (crash {worker.crashes_in_a_row} "
+                              f"in a row of at most {limit})")

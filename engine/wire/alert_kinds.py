@@ -34,6 +34,7 @@ ALERT_KINDS = (
     AlertKind("capacity_exceeds_window", "critical", False, False,
               "the advertised context window exceeds what the pools can hold"),
     AlertKind("worker_crashed", "critical", False, False, "a worker process exited"),
+    AlertKind("worker_restarted", "warning", False, False, "a crashed worker was started again by the restart policy"),
     AlertKind("worker_unresponsive", "warning", False, False, "a worker stopped answering heartbeats"),
     AlertKind("internal_error", "error", False, False, "the server failed to handle a message"),
     AlertKind("probe_error", "warning", False, False, "the app's black-box probe could not run a round"),

@@ -9,12 +9,12 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-from engine.config import REPO_ROOT
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.config import REPO_ROOT
 from kernels import KernelSet, select_kernels
 from kernels.kv_store_ref import store_kv
 from kernels.paged_attention_ref import paged_decode_attention

@@ -10,8 +10,9 @@ import secrets
 import subprocess
 import sys
 
-from engine.config import REPO_ROOT
 import torch
+
+from engine.config import REPO_ROOT
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of the kernel modules
@@ -25,8 +26,14 @@ from kernels.kv_store_triton import store_kv  # noqa: E402
 from kernels.paged_attention_triton import paged_decode_attention  # noqa: E402
 from kernels.scrub_triton import scrub_pages  # noqa: E402
 from tests.kernels.test_kernels_ref import (  # noqa: E402
-    assert_close, build_case, dense_oracle, make_tag, oracle_violations,
-    plant_foreign_and_underfilled, run_kernel, tag_keep,
+    assert_close,
+    build_case,
+    dense_oracle,
+    make_tag,
+    oracle_violations,
+    plant_foreign_and_underfilled,
+    run_kernel,
+    tag_keep,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -11,7 +11,13 @@ import pytest
 
 from engine.adapters import kv_event_decode as decode_module
 from engine.adapters.kv_event_decode import (
-    AllBlocksCleared, Batch, BlockRemoved, BlockStored, KvEventError, decode_frames, decode_replay_frames,
+    AllBlocksCleared,
+    Batch,
+    BlockRemoved,
+    BlockStored,
+    KvEventError,
+    decode_frames,
+    decode_replay_frames,
     normalize_hash,
 )
 from engine.adapters.kv_event_state import KvEventState

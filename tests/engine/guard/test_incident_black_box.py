@@ -17,10 +17,10 @@ from __future__ import annotations
 import random
 
 from engine.config import EngineConfig
+from engine.core import Engine
 from engine.guard.scenarios import BOS, copy_prompt
 from engine.kv.page_table import PageTable
 from engine.request import Request, SamplingParams
-from engine.core import Engine
 from engine.wire.page_tags import PageState
 from engine.workers.transfer.manifest import Reservation
 from engine.workers.transfer.receive import TransferReceiver

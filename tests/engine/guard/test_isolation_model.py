@@ -27,11 +27,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, rule
 
 from engine.config import EngineConfig
+from engine.core import Engine
 from engine.errors import PoolExhausted
 from engine.guard.scenarios import DEFENCES
 from engine.kv.page_table import PageTable
 from engine.request import Request, SamplingParams
-from engine.core import Engine
 from engine.wire.page_tags import PageState
 from engine.workers.decode import DecodeWorker
 from engine.workers.prefill import _drop_last_page

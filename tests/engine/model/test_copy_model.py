@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 from engine.config import DEFAULT_MODEL_DIR, REPO_ROOT, EngineConfig
+from engine.core import Engine
 from engine.guard.canaries import PROMPT_FORM
 from engine.guard.scenarios import copy_prompt
 from engine.request import SamplingParams
-from engine.core import Engine
 from tests.hf_checkpoints import hf_greedy
 
 

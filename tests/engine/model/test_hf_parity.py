@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.core import Engine
 from engine.model.load import load_model
 from engine.request import SamplingParams
-from engine.core import Engine
 from tests.hf_checkpoints import ARCH_CASES, hf_greedy, write_random_checkpoint
 
 PROMPT_LENGTHS = [1, 2, 7, 16, 17, 33, 64, 130, 300]

@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.config import DEFAULT_MODEL_DIR, TINY_RANDOM_MODEL_DIR, EngineConfig
+from engine.core import Engine
 from engine.errors import CheckpointError, ConfigError
 from engine.model.load import load_model
-from engine.core import Engine
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from engine.client import EngineClient
-from engine.config import EngineConfig
 from engine.client.engine_client import RemoteError
+from engine.config import EngineConfig
 from engine.server.supervisor import Supervisor
 
 

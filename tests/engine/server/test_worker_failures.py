@@ -1,13 +1,16 @@
 """Worker failures: a killed worker is noticed, its requests fail with a clear error, the
-supervisor keeps serving, and `start` brings the worker back. Stopping is orderly."""
+supervisor keeps serving, and the restart policy (or `start`) brings the worker back.
+Stopping is orderly. Requests no worker can take wait visibly, for a bounded time."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
+from engine.client import RemoteError
 from engine.config import EngineConfig
 from engine.core import Engine
 from engine.request import SamplingParams
@@ -31,8 +34,19 @@ def _end(client, stream) -> dict:
     raise AssertionError("stream ended without done")
 
 
+def _alerts(client, kind: str) -> list[dict]:
+    return [a for a in client.status()["alerts"] if a["kind"] == kind]
+
+
+def _same_tokens_as_one_process(client, tiny_model) -> None:
+    done = client.generate([256, 1, 2, 3], max_new_tokens=6, ignore_eos=True)
+    local = Engine(EngineConfig().replace(model={"device": "cpu"}, engine={"kernels": "torch"}), tiny_model)
+    (want,) = local.generate([[256, 1, 2, 3]], SamplingParams(max_new_tokens=6, ignore_eos=True))
+    assert done["token_ids"] == want.output_ids
+
+
 def test_killed_decode_worker_fails_its_requests_and_comes_back(start_server, tiny_model):
-    server = start_server(engine={"context_window": 2048})
+    server = start_server(engine={"context_window": 2048}, workers={"restart": "never"})
     client = server.client()
     pid = next(w["pid"] for w in client.status()["workers"] if w["name"] == "decode-0")
     streams = [client.submit([256, 10 + i], **LONG) for i in range(3)]
@@ -53,10 +67,58 @@ def test_killed_decode_worker_fails_its_requests_and_comes_back(start_server, ti
     server.wait_workers(client, names=["decode-0"])
     new_pid = next(w["pid"] for w in client.status()["workers"] if w["name"] == "decode-0")
     assert new_pid != pid
-    done = client.generate([256, 1, 2, 3], max_new_tokens=6, ignore_eos=True)
-    local = Engine(EngineConfig().replace(model={"device": "cpu"}, engine={"kernels": "torch"}), tiny_model)
-    (want,) = local.generate([[256, 1, 2, 3]], SamplingParams(max_new_tokens=6, ignore_eos=True))
-    assert done["token_ids"] == want.output_ids
+    _same_tokens_as_one_process(client, tiny_model)
+
+
+def test_a_crashed_worker_is_restarted_by_the_policy_with_an_alert_for_each(start_server, tiny_model):
+    """Issue 14, item 2: crashed workers stayed down and later requests hung."""
+    server = start_server(workers={"restart_backoff_ms": 300})
+    client = server.client()
+    pid = next(w["pid"] for w in client.status()["workers"] if w["name"] == "prefill-0")
+    os.kill(pid, signal.SIGKILL)
+    while (w := next(w for w in client.status()["workers"] if w["name"] == "prefill-0"))["state"] == "ready" \
+            and w["pid"] == pid:
+        time.sleep(0.05)  # until the supervisor has seen the exit
+    stream = client.submit([256, 9, 8], max_new_tokens=3, ignore_eos=True)  # waits for the restart
+    done = _end(client, stream)
+    assert done.get("error") is None and len(done["token_ids"]) == 3
+    status = server.wait_workers(client, names=["prefill-0"])
+    prefill = next(w for w in status["workers"] if w["name"] == "prefill-0")
+    assert prefill["pid"] != pid and prefill["restarts"] == 1 and prefill["crashes_in_a_row"] == 1
+    (crashed,) = _alerts(client, "worker_crashed")
+    assert "killed by signal 9; restarting in 0.3 s (crash 1 in a row of at most 5)" in crashed["detail"]
+    (restarted,) = _alerts(client, "worker_restarted")
+    assert restarted["detail"].startswith("worker prefill-0 restarted after a crash")
+    _same_tokens_as_one_process(client, tiny_model)
+
+
+def test_with_restart_never_a_request_no_worker_can_take_fails_at_once_with_the_reason(start_server):
+    server = start_server(workers={"restart": "never", "unplaced_timeout_s": 3600})
+    client = server.client()
+    pid = next(w["pid"] for w in client.status()["workers"] if w["name"] == "decode-0")
+    os.kill(pid, signal.SIGKILL)
+    server.wait_workers(client, "crashed", names=["decode-0"], timeout_s=30)
+    with pytest.raises(RemoteError) as err:
+        client.generate([256, 9], max_new_tokens=3, timeout_s=30)  # not after the hour
+    assert err.value.code == "no_worker"
+    assert ("could not be placed: no decode worker is ready: decode-0 crashed (was killed by signal 9; "
+            "not restarted (workers.restart = never)); none can come back") in str(err.value)
+    assert _alerts(client, "worker_restarted") == []
+
+
+def test_a_request_waits_visibly_for_a_stopped_worker_then_fails_after_the_timeout(start_server):
+    server = start_server(workers={"unplaced_timeout_s": 2})
+    client = server.client()
+    client.stop("decode-0")
+    server.wait_workers(client, "stopped", names=["decode-0"])
+    stream = client.submit([256, 6, 7], max_new_tokens=4)
+    rid = next(client.events(stream)).get("request_id")
+    waiting = client.audit(rid)["request"]
+    if waiting["phase"] == "queued":  # (it may have timed out already on a slow machine)
+        assert waiting["waiting_for"].startswith("no decode worker is ready: decode-0 stopped")
+    done = _end(client, stream)
+    assert done["error"]["code"] == "no_worker"
+    assert "none became ready within 2 s (workers.unplaced_timeout_s)" in done["error"]["message"]
 
 
 def test_stopping_a_worker_fails_inflight_and_queued_requests_wait(start_server):
@@ -79,7 +141,7 @@ def test_stopping_a_worker_fails_inflight_and_queued_requests_wait(start_server)
 
 
 def test_killed_prefill_worker_is_noticed_too(start_server):
-    server = start_server()
+    server = start_server(workers={"restart_backoff_ms": 60_000})  # not back before `start`
     client = server.client()
     pid = next(w["pid"] for w in client.status()["workers"] if w["name"] == "prefill-0")
     os.kill(pid, signal.SIGKILL)
@@ -87,6 +149,9 @@ def test_killed_prefill_worker_is_noticed_too(start_server):
     prefill = next(w for w in status["workers"] if w["name"] == "prefill-0")
     assert "killed by signal 9" in prefill["reason"]
     stream = client.submit([256, 9], max_new_tokens=3, ignore_eos=True)
-    assert next(client.events(stream)).op == "accepted"  # queued until a prefill worker returns
+    accepted = next(client.events(stream))
+    assert accepted.op == "accepted"  # queued until a prefill worker returns, and says why
+    assert "no prefill worker is ready: prefill-0 crashed" in client.audit(accepted.get("request_id"))[
+        "request"]["waiting_for"]
     client.start("prefill-0")
     assert len(_end(client, stream)["token_ids"]) == 3

@@ -3,7 +3,6 @@ frame size limit, ROUTER behaviour, and the loopback bind policy."""
 
 from __future__ import annotations
 
-
 import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message

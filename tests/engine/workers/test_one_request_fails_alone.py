@@ -14,8 +14,8 @@ import zmq
 
 import engine.sampling
 from engine.attention import PagedDecodeAttention
-from engine.model.decoder import CausalDecoder
 from engine.config import EngineConfig
+from engine.model.decoder import CausalDecoder
 from engine.request import SamplingParams
 from engine.wire.protocol import Message, unpack
 from engine.workers.prefill import PrefillWorker
