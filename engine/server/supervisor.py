@@ -68,7 +68,7 @@ class Supervisor:
         self.run_dir = Path(tempfile.mkdtemp(prefix="pagewarden-"))
         self.run_dir.chmod(0o700)  # the bus and KV sockets live here: this user only
         self.control = harden(self.ctx.socket(zmq.ROUTER), "control")
-        self.pub = harden(self.ctx.socket(zmq.XPUB), "telemetry")
+        self.pub = harden(self.ctx.socket(zmq.XPUB), "publisher")
         if curve is not None:
             curve.secure(self.control)
             curve.secure(self.pub)

@@ -14,10 +14,17 @@ import zmq
 
 from engine.wire.protocol import MAX_BUS_FRAME, MAX_CONTROL_FRAME, MAX_KV_FRAME
 
-SOCKET_KINDS = frozenset({"control", "telemetry", "bus", "kv"})
+SOCKET_KINDS = frozenset({"control", "telemetry", "publisher", "bus", "kv"})
 
-# Largest frame payload per kind (ZMQ_MAXMSGSIZE is checked per frame, on the wire).
-FRAME_LIMITS = {"control": MAX_CONTROL_FRAME, "telemetry": MAX_BUS_FRAME,
+# The supervisor's telemetry XPUB ("publisher") only ever receives subscriptions: a topic is
+# a few bytes, and libzmq keeps every subscription in a trie that costs ~48 bytes per byte of
+# topic (a 1 MiB prefix cost 48 MiB). 480 bytes (+ the CURVE slack: 513) still lets the CURVE
+# handshake's INITIATE command in, which libzmq checks against the same limit (256 did not).
+MAX_SUBSCRIPTION_FRAME = 480
+
+# Largest frame payload per kind (ZMQ_MAXMSGSIZE is checked per frame, on the wire; a peer
+# sending a larger one is disconnected). "telemetry" is the subscriber's side (page frames).
+FRAME_LIMITS = {"control": MAX_CONTROL_FRAME, "telemetry": MAX_BUS_FRAME, "publisher": MAX_SUBSCRIPTION_FRAME,
                 "bus": MAX_BUS_FRAME, "kv": MAX_KV_FRAME}
 # CURVE wraps each frame in a MESSAGE command 33 bytes longer, and libzmq checks MAXMSGSIZE
 # against that: without this slack a frame of exactly the limit is refused under CURVE.
@@ -25,7 +32,7 @@ CURVE_FRAME_OVERHEAD = 33
 # SNDHWM/RCVHWM in messages. Telemetry: a slow subscriber loses messages (PUB drops at the
 # HWM; sequence numbers show the gap) instead of growing memory. kv: 0 = no limit, never
 # dropped (a ROUTER would drop at any finite HWM); flow control is the sender's job.
-HWMS = {"control": 1000, "telemetry": 100, "bus": 1000, "kv": 0}
+HWMS = {"control": 1000, "telemetry": 100, "publisher": 100, "bus": 1000, "kv": 0}
 
 
 DRAIN_LIMIT = 10_000  # messages taken from one socket per drain

@@ -65,12 +65,12 @@ def serving_router(ctx, kind="control") -> tuple[zmq.Socket, str]:
     return router, bind_endpoint(router, "tcp://127.0.0.1:0")
 
 
-EXPECTED_LIMITS = {"control": MAX_CONTROL_FRAME, "telemetry": MAX_BUS_FRAME, "bus": MAX_BUS_FRAME,
-                   "kv": MAX_KV_FRAME}
+EXPECTED_LIMITS = {"control": MAX_CONTROL_FRAME, "telemetry": MAX_BUS_FRAME, "publisher": 480,
+                   "bus": MAX_BUS_FRAME, "kv": MAX_KV_FRAME}
 
 
 @pytest.mark.parametrize("kind, sock_type", [
-    ("control", zmq.ROUTER), ("control", zmq.DEALER), ("telemetry", zmq.PUB), ("telemetry", zmq.SUB),
+    ("control", zmq.ROUTER), ("control", zmq.DEALER), ("publisher", zmq.XPUB), ("telemetry", zmq.SUB),
     ("bus", zmq.ROUTER), ("bus", zmq.DEALER), ("kv", zmq.PUSH), ("kv", zmq.PULL)])
 def test_harden_sets_the_options(ctx, kind, sock_type):
     sock = harden(ctx.socket(sock_type), kind)
@@ -80,7 +80,7 @@ def test_harden_sets_the_options(ctx, kind, sock_type):
 
 
 def test_queue_limits_per_kind():
-    assert SOCKET_KINDS == {"control", "telemetry", "bus", "kv"}
+    assert SOCKET_KINDS == {"control", "telemetry", "publisher", "bus", "kv"}
     assert HWMS["kv"] == 0  # no limit: KV pages are never dropped
     assert 0 < HWMS["telemetry"] < HWMS["control"]  # a slow subscriber loses messages early
 
