@@ -83,8 +83,8 @@ class EngineClient:
                     msg = unpack(frames)
                 except ProtocolError:
                     continue  # a garbled answer is not ours to act on
-                if msg.get("id") == msg_id:
-                    return msg
+                if msg.get("id") == msg_id or (msg.get("id") is None and msg.op == "error"):
+                    return msg  # (an error without an id answers something this client sent)
                 self._inbox[msg.get("id")].append(msg)
 
     def call(self, op: str, timeout_s: float | None = None, **fields) -> dict:

@@ -32,7 +32,7 @@ from engine.server.request_record import Phase, RequestRecord
 from engine.server.telemetry import TelemetryPublisher
 from engine.server.worker_handle import WorkerHandle, WorkerState
 from engine.server.worker_pool import WorkerPool
-from engine.wire.protocol import CANARY_TENANT, ProtocolError, error_reply, pack, unpack
+from engine.wire.protocol import CANARY_TENANT, ProtocolError, error_reply, message_id, pack, unpack
 from engine.wire.sockets import bind_endpoint, drain, harden
 
 DEFAULT_BIND = "tcp://127.0.0.1:5650"
@@ -143,11 +143,11 @@ class Supervisor:
             except ProtocolError as exc:
                 self.counters["bad_messages"] += 1
                 if sock is self.control:
-                    self.to_client(identity, error_reply(_msg_id(body), exc.code, str(exc)))
+                    self.to_client(identity, error_reply(message_id(body), exc.code, str(exc)))
             except PageWardenError as exc:
                 self.counters["errors"] += 1
                 if sock is self.control:
-                    self.to_client(identity, error_reply(_msg_id(body), exc.code, str(exc)))
+                    self.to_client(identity, error_reply(message_id(body), exc.code, str(exc)))
             except Exception as exc:  # a bug in one handler must not take the whole engine down
                 self._internal_error(sock, identity, body, exc)
 
@@ -163,7 +163,7 @@ class Supervisor:
                   "the message was dropped, the engine keeps running (traceback in the engine log)")
         self.alert("internal_error", "error", detail, subject=peer)
         if sock is self.control:
-            self.to_client(identity, error_reply(_msg_id(body), "internal_error", detail))
+            self.to_client(identity, error_reply(message_id(body), "internal_error", detail))
 
     def shutdown(self) -> None:
         """Stop every worker (kill what does not exit in time), close sockets, remove the run dir."""
@@ -449,10 +449,3 @@ def _next_port(endpoint: str) -> str:
     """The telemetry endpoint beside the control one: same host, port + 1."""
     host, _, port = endpoint.rpartition(":")
     return f"{host}:{int(port) + 1}" if port.isdigit() else f"{host}:0"
-
-
-def _msg_id(body: list):
-    try:
-        return unpack(body).get("id")
-    except Exception:
-        return None

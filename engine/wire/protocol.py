@@ -207,6 +207,33 @@ READ_ONLY_OPS = ("status", "keyframe", "page_metadata", "audit", "ping", "scope"
                  "history")
 
 
+MAX_ID_KEYS = 64  # header keys looked at for the id of a message that does not unpack
+
+
+def message_id(frames: list):
+    """The 'id' of a message that may not unpack (array frames that do not match its header,
+    a header over MAX_HEADER_BYTES, a bad field): so that the error reply reaches the caller
+    waiting for it at once. Reads the header map key by key, skipping values, the first
+    MAX_ID_KEYS keys at most. None when there is no int (or short str) id to be found."""
+    if not frames:
+        return None
+    try:
+        raw = frame_bytes(frames[0])
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(raw), 1), strict_map_key=False,
+                                    ext_hook=_refuse_ext)
+        unpacker.feed(raw)
+        for _ in range(min(unpacker.read_map_header(), MAX_ID_KEYS)):
+            if unpacker.unpack() == "id":
+                value = unpacker.unpack()
+                ok = (isinstance(value, int) and not isinstance(value, bool)) or (
+                    isinstance(value, str) and len(value) <= 64)
+                return value if ok else None
+            unpacker.skip()
+    except Exception:  # garbage: no id to answer with
+        return None
+    return None
+
+
 def error_reply(msg_id, code: str, message: str) -> list:
     return pack({"op": "error", "id": msg_id, "error": {"code": code, "message": message}})
 

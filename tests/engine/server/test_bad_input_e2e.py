@@ -57,7 +57,7 @@ def test_unknown_op_and_wrong_version(shared_server):
         client.call("explode")
     assert err.value.code == "bad_message"
     client.sock.send_multipart([msgpack.packb({"v": 99, "op": "status", "id": 7})])
-    reply = client.recv_for(None, timeout_s=10)
+    reply = client.recv_for(7, timeout_s=10)  # refused, but answered with its id
     assert reply.op == "error" and "schema version 99 is not supported" in reply.get("error")["message"]
 
 
@@ -122,3 +122,20 @@ def test_fuzz_every_bound_socket_then_serve_correctly(shared_server):
     after = client.status()
     assert all(w["state"] == "ready" for w in after["workers"]), after["workers"]
     assert after["counters"].get("bad_messages", 0) > 0
+
+
+@pytest.mark.parametrize("case", ["mismatched array frames", "oversized header", "id after a bad field"])
+def test_an_error_reply_carries_the_id_of_a_message_that_does_not_unpack(shared_server, case):
+    """Issue 14, item 4: these got replies with id=None, so the caller waited out its timeout
+    (EngineClient 20-30 s, the HTTP front 300 s). Now the reply names the caller's id."""
+    client = shared_server.client()
+    if case == "mismatched array frames":
+        frames = [msgpack.packb({"v": 1, "op": "submit", "id": 4242, "arrays": [["a", "i8", [4]]]}), b"short"]
+    elif case == "oversized header":
+        frames = [msgpack.packb({"v": 1, "op": "submit", "pad": "x" * (9 << 20), "id": 4242})]
+    else:
+        frames = [msgpack.packb({"v": 1, "op": "status", "pad": {"deep": [1, 2, {"x": b"y"}]}, "id": 4242,
+                                 "arrays": "not a list"})]
+    client.sock.send_multipart(frames)
+    reply = client.recv_for(4242, timeout_s=20)  # a reply with id None would time out here
+    assert reply.op == "error" and reply.get("error")["code"] == "bad_message"

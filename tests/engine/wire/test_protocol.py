@@ -96,3 +96,14 @@ def test_random_frames_never_raise_anything_but_protocol_error(frames):
         unpack(frames)
     except ProtocolError:
         pass
+
+
+def test_message_id_is_found_in_headers_that_do_not_unpack():
+    from engine.wire.protocol import message_id
+
+    assert message_id([msgpack.packb({"v": 1, "op": "x", "id": 7}), b"extra"]) == 7
+    assert message_id([msgpack.packb({"big": "y" * 100_000, "nested": {"a": [1, 2]}, "id": "abc"})]) == "abc"
+    for frames in ([], [b""], [b"\xc1garbage"], [msgpack.packb([1, 2])], [msgpack.packb({"id": True})],
+                   [msgpack.packb({"id": 1.5})], [msgpack.packb({"id": "x" * 65})],
+                   [msgpack.packb({f"k{i}": i for i in range(100)} | {"id": 3})]):  # id past the first 64 keys
+        assert message_id(frames) is None, frames
