@@ -159,6 +159,8 @@ class EngineConfig:
                 raise ConfigError(f"section '{name}' must be a table, got {values!r}")
             if name == "pools":
                 for pool, pool_values in values.items():
+                    if not isinstance(pool_values, dict):
+                        raise ConfigError(f"pools.{pool} must be a table like {{pages = 4096}}, got {pool_values!r}")
                     merged["pools"].setdefault(pool, {}).update(pool_values)
             else:
                 merged[name].update(values)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from engine.wire.alert_kinds import alert_kind, check_severity
+from engine.wire.alert_kinds import ISOLATION_KINDS, SEVERITIES, alert_kind, check_severity
 
 QUIET_RESOLVE_S = 60.0
-MAX_ALERTS = 1_000
+MAX_ALERTS = 1_000  # past this, the lowest-severity, oldest alerts go first
+MAX_PROTECTED = 10_000  # critical isolation alerts are evicted only past this many of them
+REPUBLISH_S = 1.0  # an alert firing again and again is published at most this often
 MAX_LISTED = 50  # requests / pages kept per alert
 MAX_TRANSITIONS = 50  # state changes kept per alert (snapshots show them)
 
@@ -26,6 +28,9 @@ class AlertBook:
         self.publish = publish
         self.alerts: OrderedDict[str, dict] = OrderedDict()
         self.conditions: set[str] = set()  # ids that resolve on a condition, not on quiet
+        self.evicted = 0
+        self._published: dict[str, float] = {}  # alert id -> when it was last published
+        self._held: set[str] = set()  # repeats not yet published (flush() sends them)
 
     def fire(self, kind: str, severity: str, detail: str, *, subject: str = "", condition: bool = False,
              requests=(), pages=(), **fields) -> dict:
@@ -56,6 +61,7 @@ class AlertBook:
 
     def expire(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
+        self.flush(now)
         for aid, record in self.alerts.items():
             if (aid not in self.conditions and record["state"] == "firing"
                     and now - record["last_seen"] > QUIET_RESOLVE_S):
@@ -76,6 +82,7 @@ class AlertBook:
             record = {"id": aid, "kind": kind, "subject": subject, "first_seen": now, "count": 0,
                       "acked": False, "requests": [], "pages": [], "transitions": []}
             self.alerts[aid] = record
+        changed = record.get("state") != state or record.get("severity") != severity
         if record.get("state") != state:
             _transition(record, state, now)
         self.alerts.move_to_end(aid)
@@ -86,11 +93,49 @@ class AlertBook:
         record["pages"] = _bounded(record["pages"], [int(p) for p in pages])
         if condition:
             self.conditions.add(aid)
-        while len(self.alerts) > MAX_ALERTS:
-            old, _ = self.alerts.popitem(last=False)
-            self.conditions.discard(old)
-        self.publish(dict(record))
+        while len(self.alerts) > MAX_ALERTS and self._evict_one():
+            pass
+        if changed or now - self._published.get(aid, 0.0) >= REPUBLISH_S:
+            self._send(aid, now)
+        else:
+            self._held.add(aid)  # the same alert again within a second: sent by flush()
         return record
+
+    def flush(self, now: float | None = None) -> None:
+        """Publish the held repeats whose REPUBLISH_S has passed."""
+        now = time.time() if now is None else now
+        for aid in [a for a in self._held if now - self._published.get(a, 0.0) >= REPUBLISH_S]:
+            self._send(aid, now)
+
+    def _send(self, aid: str, now: float) -> None:
+        self._held.discard(aid)
+        record = self.alerts.get(aid)
+        if record is not None:
+            self._published[aid] = now
+            self.publish(dict(record))
+
+    def _evict_one(self) -> bool:
+        """Forget one alert: the oldest of the lowest severity, never a critical isolation
+        alert while others remain (a flood of errors must not push out the evidence), and
+        of those only past MAX_PROTECTED, resolved ones first. False when nothing may go."""
+        unprotected = [(SEVERITIES.index(r["severity"]), i, aid) for i, (aid, r) in enumerate(self.alerts.items())
+                       if not _protected(r)]
+        if unprotected:
+            victim = min(unprotected)[2]
+        elif len(self.alerts) > MAX_PROTECTED:
+            victim = min(self.alerts, key=lambda a: self.alerts[a]["state"] != "resolved")  # oldest first
+        else:
+            return False
+        del self.alerts[victim]
+        self.conditions.discard(victim)
+        self._held.discard(victim)
+        self._published.pop(victim, None)
+        self.evicted += 1
+        return True
+
+
+def _protected(record: dict) -> bool:
+    return record["kind"] in ISOLATION_KINDS and record["severity"] == "critical"
 
 
 def _transition(record: dict, state: str, when: float) -> None:

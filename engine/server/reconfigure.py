@@ -16,7 +16,7 @@ def reconfigure(sup, changes: dict, *, apply: bool) -> dict:
     and which workers must restart; apply them only when `apply`. Raises ConfigError."""
     try:
         new = sup.config.replace(**changes)
-    except (ConfigError, TypeError, AttributeError) as exc:
+    except (ValueError, TypeError, AttributeError) as exc:  # ConfigError names the key; the rest say what they can
         raise ConfigError(f"reconfigure refused: {exc}") from None
     new.check_faults_allowed(sup.allow_faults)
     findings = sup._capacity(new)  # the supervisor's one capacity check, for the new config
@@ -44,7 +44,7 @@ def needs_restart(old, new, workers) -> set[str]:
         if structural or new_d["model"] != old_d["model"] or new_d["audit"] != old_d["audit"] or \
                 new_d["pools"][worker.role] != old_d["pools"][worker.role]:
             restart.add(worker.name)
-    if new_d["workers"] != old_d["workers"]:
+    if any(new_d["workers"][role] != old_d["workers"][role] for role in ("prefill", "decode")):
         raise ConfigError("the number of workers cannot change while serving; restart the engine")
     return restart
 

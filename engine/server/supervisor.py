@@ -161,7 +161,9 @@ class Supervisor:
         traceback.print_exc(file=sys.stderr)
         detail = (f"supervisor bug handling a {where} message from {peer}: {type(exc).__name__}: {exc}; "
                   "the message was dropped, the engine keeps running (traceback in the engine log)")
-        self.alert("internal_error", "error", detail, subject=peer)
+        # one alert per place and kind of failure (its count says how often), not one per
+        # sender: a client sending from many identities cannot flood the book
+        self.alert("internal_error", "error", detail, subject=f"{where}:{type(exc).__name__}", peer=peer)
         if sock is self.control:
             self.to_client(identity, error_reply(message_id(body), "internal_error", detail))
 

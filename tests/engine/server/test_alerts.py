@@ -46,3 +46,43 @@ def test_acknowledge_and_a_new_episode_after_resolve():
     book.fire("late_write_dropped", "warning", "late again", subject="decode-0")
     record = book.alerts["late_write_dropped:decode-0"]
     assert record["state"] == "firing" and record["acked"] is False and record["count"] == 1
+
+
+def test_a_flood_of_lower_alerts_never_evicts_critical_isolation_alerts():
+    """Issue 14, item 5: 1,100 internal errors (one per sender) pushed out the real alerts."""
+    from engine.server.alerts import MAX_ALERTS
+
+    book, _ = _book()
+    book.fire("ownership_violation", "critical", "slot 7 read page 40", subject="r7", requests=["r7"], pages=[40])
+    book.fire("canary_leak", "critical", "r9 touched canary pages", subject="r9")
+    book.fire("worker_crashed", "critical", "decode-0 killed", subject="decode-0", condition=True)
+    for i in range(MAX_ALERTS + 100):
+        book.fire("probe_error", "warning", f"round {i} failed", subject=f"peer-{i}")
+    assert len(book.alerts) == MAX_ALERTS and book.evicted == 103
+    for aid in ("ownership_violation:r7", "canary_leak:r9", "worker_crashed:decode-0"):
+        assert aid in book.alerts, aid
+    assert "probe_error:peer-0" not in book.alerts and f"probe_error:peer-{MAX_ALERTS + 99}" in book.alerts
+
+
+def test_critical_isolation_alerts_are_kept_past_the_cap_up_to_their_own():
+    from engine.server.alerts import MAX_ALERTS
+
+    book, _ = _book()
+    book.fire("probe_error", "warning", "one", subject="p")
+    for i in range(MAX_ALERTS + 5):
+        book.fire("transfer_mismatch", "critical", f"request r{i}", subject=f"r{i}")
+    assert "probe_error:p" not in book.alerts  # the lower one went first
+    assert len(book.alerts) == MAX_ALERTS + 5  # the evidence is kept (bounded by MAX_PROTECTED)
+
+
+def test_an_alert_firing_again_and_again_is_published_at_most_once_a_second():
+    from engine.server.alerts import REPUBLISH_S
+
+    book, published = _book()
+    for _ in range(500):
+        book.fire("internal_error", "error", "bug", subject="control:KeyError")
+    assert len(published) == 1 and book.alerts["internal_error:control:KeyError"]["count"] == 500
+    book.flush(published[0]["last_seen"] + REPUBLISH_S + 0.01)
+    assert len(published) == 2 and published[-1]["count"] == 500  # the held repeats, at once
+    book.flush(published[0]["last_seen"] + 10 * REPUBLISH_S)
+    assert len(published) == 2  # nothing more was held

@@ -61,6 +61,42 @@ def test_a_handler_bug_is_answered_alerted_and_the_engine_keeps_serving(supervis
     assert "Traceback" in capfd.readouterr().err  # the traceback went to the engine log
 
 
+def test_handler_bugs_from_many_senders_make_one_alert_and_keep_the_critical_ones(supervisor, monkeypatch):
+    """Issue 14, item 5: one internal_error alert per sender identity: 1,100 senders left 1,000
+    of them and pushed the real worker_crashed alert out."""
+    sup = supervisor
+    sup.alert("worker_crashed", "critical", "decode-0 killed", subject="decode-0", condition=True)
+
+    def broken(identity, msg):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(sup.ops, "op_audit", broken)
+    stop = threading.Event()
+    pump = threading.Thread(target=lambda: sup.run(until=stop.is_set), daemon=True)
+    pump.start()
+    try:
+        for i in range(1_100):
+            with EngineClient(sup.control_endpoint, timeout_s=30) as client:  # a new identity each time
+                with pytest.raises(RemoteError):
+                    client.audit("r1")
+        with EngineClient(sup.control_endpoint, timeout_s=30) as client:
+            alerts = {a["id"]: a for a in client.status()["alerts"]}
+    finally:
+        stop.set()
+        pump.join(10)
+    assert set(alerts) == {"worker_crashed:decode-0", "internal_error:control:KeyError"}
+    assert alerts["internal_error:control:KeyError"]["count"] == 1_100
+
+
+def test_a_malformed_reconfigure_is_a_validation_error_naming_the_key(supervisor):
+    from engine.errors import ConfigError
+    from engine.server.reconfigure import reconfigure
+
+    with pytest.raises(ConfigError, match="pools.prefill must be a table like {pages = 4096}, got 'ab'"):
+        reconfigure(supervisor, {"pools": {"prefill": "ab"}}, apply=False)
+    assert supervisor.counters["internal_errors"] == 0
+
+
 def test_request_ids_are_the_clients_once_and_never_a_canarys(supervisor):
     """A client id in the canaries' namespace (canary-<slot>, slots are sequential and every
     reply shows them) once made the supervisor's own canary collide with it; an id used again
