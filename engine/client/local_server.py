@@ -63,9 +63,22 @@ class LocalServer:
         self.control, self.telemetry = self.ready["control"], self.ready["telemetry"]
         self._clients: list[EngineClient] = []
 
-    def subscriber(self, topics=("",), **kwargs) -> TelemetrySubscriber:
+    def subscriber(self, topics=("",), *, wait_s: float = 60.0, **kwargs) -> TelemetrySubscriber:
+        """A subscriber whose subscriptions the supervisor has taken (status says so), so no
+        message published from now on is missed; TimeoutError after wait_s. (The XPUB reports
+        a topic once: when another subscriber holds it already, this cannot wait for ours.)"""
         sub = TelemetrySubscriber(self.telemetry, topics, **kwargs)
         self._clients.append(sub)
+        client = EngineClient(self.control, timeout_s=wait_s)
+        try:
+            deadline = time.monotonic() + wait_s
+            while not set(topics) <= set(client.status()["telemetry"]["subscriptions"]):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the supervisor did not take the subscriptions {list(topics)} "
+                                       f"within {wait_s} s")
+                time.sleep(0.02)
+        finally:
+            client.close()
         return sub
 
     def client(self, **kwargs) -> EngineClient:

@@ -179,6 +179,7 @@ class ControlOps:
             "counters": dict(sup.counters),
             "load": sup.load(),
             "telemetry_seq": dict(sup.telemetry.seq),
+            "telemetry": sup.telemetry.describe(),
         }
         if not brief:
             result["alerts"] = sup.alerts.records()

@@ -80,5 +80,12 @@ class TelemetryPublisher:
                 self.bad_subscriptions += 1  # not a subscription: count and drop
         return self.wants_pages() != before
 
+    def describe(self, limit: int = 64) -> dict:
+        """For status: the topics someone subscribes to (a client can wait until its own
+        subscription is live instead of sleeping), and the frames that were not one."""
+        topics = sorted(t.decode(errors="replace")[:80] for t in self.subscriptions)
+        return {"subscriptions": topics[:limit], "subscription_count": len(topics),
+                "bad_subscriptions": self.bad_subscriptions}
+
     def wants_pages(self) -> bool:
         return any(b"pages/".startswith(s) or s.startswith(b"pages") for s in self.subscriptions)

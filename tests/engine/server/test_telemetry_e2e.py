@@ -45,9 +45,8 @@ def test_late_subscriber_reconstructs_page_metadata(start_server):
     # join while requests are running
     time.sleep(0.3)
     assert client.status()["load"]["queue_depth"] + client.status()["load"]["running"] > 0
-    sub = server.subscriber(("pages/",))
+    sub = server.subscriber(("pages/",))  # returns once the supervisor has the subscription
     mirror, stats = PageMirror(), {"keyframes": 0, "deltas": 0}
-    time.sleep(0.3)  # let the subscription reach the supervisor
     client.keyframe()
     _pump(sub, mirror, client, 1.0, stats)
     for stream in streams:
@@ -72,7 +71,6 @@ def test_topics_carry_sequence_numbers_and_lifecycle(start_server):
     server = start_server()
     client = server.client()
     sub = server.subscriber(("metrics", "requests", "workers", "capacity", "alerts"))
-    time.sleep(0.3)
     done = client.generate([256, 1, 2, 3], max_new_tokens=5, ignore_eos=True, request_id="watched")
     seen: dict[str, list] = {}
     deadline = time.monotonic() + 12
