@@ -4,8 +4,12 @@ a structural change drains the workers it concerns, which restart with it."""
 
 from __future__ import annotations
 
-from engine.capacity import exceeding
-from engine.errors import ConfigError
+from dataclasses import dataclass
+
+from engine.capacity import check_capacity, exceeding
+from engine.errors import CheckpointError, ConfigError
+from engine.model.precheck import precheck
+from engine.pool_memory import check_pool_memory
 
 LIVE_ENGINE_KEYS = {"scrub_policy", "max_batch", "ownership_policy"}  # workers take them while running
 SUPERVISOR_ENGINE_KEYS = {"context_window", "max_batch", "strict_capacity"}  # the supervisor's own
@@ -19,7 +23,14 @@ def reconfigure(sup, changes: dict, *, apply: bool) -> dict:
     except (ValueError, TypeError, AttributeError) as exc:  # ConfigError names the key; the rest say what they can
         raise ConfigError(f"reconfigure refused: {exc}") from None
     new.check_faults_allowed(sup.allow_faults)
-    findings = sup._capacity(new)  # the supervisor's one capacity check, for the new config
+    model = sup.model_config
+    if new.model != sup.config.model:
+        try:  # what can be checked before any worker loads it: readable, supported, weights there
+            model = precheck(new.model.resolved_path())
+        except CheckpointError as exc:
+            raise ConfigError(f"reconfigure refused: model.path = {new.model.path!r}: {exc}") from None
+    check_pool_memory(new, model)
+    findings = check_capacity(new, model_max_positions=model.max_position_embeddings)
     restart = needs_restart(sup.config, new, sup.workers.values())
     result = {
         "valid": True, "applied": False, "findings": [f.to_dict() for f in findings],
@@ -29,9 +40,53 @@ def reconfigure(sup, changes: dict, *, apply: bool) -> dict:
     if apply:
         if new.engine.strict_capacity and exceeding(findings):
             raise ConfigError("strict capacity refuses: " + "; ".join(f.message() for f in exceeding(findings)))
-        _apply(sup, new, findings, restart)
+        _apply(sup, new, model, findings, restart)
         result["applied"] = True
     return result
+
+
+@dataclass
+class Rollback:
+    """The config before an applied reconfigure, until the workers it restarts are ready:
+    a restarted worker that crashes before its hello brings the old config back."""
+
+    config: object
+    model_config: object
+    findings: list
+    waiting: set[str]  # restarted workers not yet ready with the new config
+
+
+def worker_ready(sup, name: str) -> None:
+    """A worker said hello: when it was one a reconfigure restarted, that part is done."""
+    if sup.rollback is not None:
+        sup.rollback.waiting.discard(name)
+        if not sup.rollback.waiting:
+            sup.rollback = None  # every restarted worker runs the new config: it stays
+
+
+def worker_crashed(sup, name: str) -> None:
+    """A worker crashed: when a reconfigure restarted it and it never came up, go back to the
+    config before it, with an alert; every worker that took the new one restarts again."""
+    rollback = sup.rollback
+    if rollback is None or name not in rollback.waiting:
+        return
+    failed = sup.config
+    sup.config, sup.model_config, sup.findings = rollback.config, rollback.model_config, rollback.findings
+    sup.rollback = None
+    sup.canaries.configure(sup.config.canaries)
+    wire = sup.config.to_dict()
+    sup.broadcast({"op": "configure", "engine": {k: v for k, v in wire["engine"].items() if k in LIVE_ENGINE_KEYS},
+                   "defences": wire["defences"], "faults": wire["faults"]})
+    for worker_name in needs_restart(failed, sup.config, sup.workers.values()):
+        if worker_name not in rollback.waiting:  # it came up with the new config: restart it with the old
+            sup.workers.drain(sup.workers[worker_name])
+    sup.alert("reconfigure_rolled_back", "error",
+              f"worker {name} crashed while starting with the new configuration "
+              f"({sup.workers[name].reason}); the previous configuration is back and the workers "
+              f"restart with it", subject="engine", worker=name)
+    sup.audit.record("engine", "reconfigure_rolled_back", worker=name, config=wire)
+    sup.publish_capacity()
+    sup.publish_workers()
 
 
 def needs_restart(old, new, workers) -> set[str]:
@@ -49,10 +104,12 @@ def needs_restart(old, new, workers) -> set[str]:
     return restart
 
 
-def _apply(sup, new, findings, restart: set[str]) -> None:
+def _apply(sup, new, model, findings, restart: set[str]) -> None:
     wire = new.to_dict()
     live = {k: v for k, v in wire["engine"].items() if k in LIVE_ENGINE_KEYS}
-    sup.config = new
+    if restart:  # kept until every restarted worker said hello with the new config
+        sup.rollback = Rollback(sup.config, sup.model_config, sup.findings, set(restart))
+    sup.config, sup.model_config = new, model
     sup.findings = findings  # checked above against the same model: not computed again
     sup.canaries.configure(new.canaries)
     sup.broadcast({"op": "configure", "engine": live, "defences": wire["defences"], "faults": wire["faults"]})

@@ -24,6 +24,8 @@ from engine.errors import ConfigError, NoWorker, PageWardenError, WorkerCrashed,
 from engine.guard.canaries import CanaryBook
 from engine.guard.read_log import ReadLog
 from engine.model.config import read_model_config
+from engine.pool_memory import check_pool_memory
+from engine.server import reconfigure
 from engine.server.alerts import AlertBook
 from engine.server.audit import AuditLog
 from engine.server.metrics import MetricsWindow
@@ -61,6 +63,7 @@ class Supervisor:
         self.config = config
         self.curve = curve
         self.model_config = read_model_config(config.model.resolved_path())
+        check_pool_memory(config, self.model_config)
         self.findings = self._capacity(config)
         if config.engine.strict_capacity and exceeding(self.findings):
             raise ConfigError("strict capacity: " + "; ".join(f.message() for f in exceeding(self.findings)))
@@ -92,6 +95,7 @@ class Supervisor:
         self.book = RequestBook()  # every request, and the one place a phase changes
         self.progressed: set[str] = set()  # requests with new tokens since the last update
         self._unplaced: set[str] = set()  # requests marked waiting for a worker (fail_unplaced)
+        self.rollback = None  # engine.server.reconfigure.Rollback while a reconfigure is being taken up
         self.pending_metadata: dict[int, tuple[bytes, object]] = {}
         self.pending_truth: dict[int, dict] = {}
         self.prompt_log: deque[dict] = deque(maxlen=100_000)
@@ -359,6 +363,7 @@ class Supervisor:
                        worker=worker.name, log_tail=worker.log_tail(40))
             self.alerts.resolve("worker_unresponsive", worker.name)
             self.audit_worker(worker, "crashed")
+            reconfigure.worker_crashed(self, worker.name)
         self.publish_workers()
 
     # ---- telemetry --------------------------------------------------------------------

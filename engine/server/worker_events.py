@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from engine.server.reconfigure import worker_ready
 from engine.server.request_record import Phase
 from engine.server.worker_handle import WorkerHandle, WorkerState
 from engine.wire.protocol import Message, ProtocolError, field_of
@@ -37,6 +38,7 @@ class WorkerEvents:
             raise ProtocolError(f"hello from {worker.name} refused: not expected or wrong token")
         sup.workers.hello(worker, {k: v for k, v in msg.header.items() if k != "token"})
         sup.audit_worker(worker, "ready")
+        worker_ready(sup, worker.name)
         sup.alerts.resolve("worker_crashed", worker.name)
         sup.to_worker(worker, {"op": "telemetry", "pages": sup.telemetry.wants_pages()})
         sup.publish_workers()

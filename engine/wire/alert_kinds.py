@@ -36,6 +36,8 @@ ALERT_KINDS = (
     AlertKind("worker_crashed", "critical", False, False, "a worker process exited"),
     AlertKind("worker_restarted", "warning", False, False, "a crashed worker was started again by the restart policy"),
     AlertKind("worker_unresponsive", "warning", False, False, "a worker stopped answering heartbeats"),
+    AlertKind("reconfigure_rolled_back", "error", False, False,
+              "a worker restarted for a reconfigure crashed before it was ready: the old config is back"),
     AlertKind("internal_error", "error", False, False, "the server failed to handle a message"),
     AlertKind("probe_error", "warning", False, False, "the app's black-box probe could not run a round"),
 )

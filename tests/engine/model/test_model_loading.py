@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -89,6 +90,30 @@ def test_bad_config_fields(model_copy):
         load_model(model_copy, device="cpu")
     (model_copy / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="config.json: not valid JSON"):
+        load_model(model_copy, device="cpu")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"hidden_size": "abc"}, "hidden_size must be an integer, got 'abc'"),
+    ({"num_attention_heads": 0}, "num_attention_heads = 0 is out of range: must be between 1 and 1,024"),
+    ({"rope_parameters": "yes"}, "rope_parameters must be an object, got 'yes'"),
+    ({"vocab_size": 10**12}, "vocab_size = 1,000,000,000,000 is out of range"),
+    ({"num_hidden_layers": True}, "num_hidden_layers must be an integer, got True"),
+    ({"rms_norm_eps": "tiny"}, "rms_norm_eps must be a number between 0 and 1, got 'tiny'"),
+    ({"eos_token_id": ["x"]}, "eos_token_id must be a token id or a list of them"),
+    ({"architectures": "LlamaForCausalLM"}, "architecture None is not supported"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": -1}}, "rope_theta must be a number between 1"),
+])
+def test_hostile_config_fields_are_named_with_value_and_limit(model_copy, changes, message):
+    """Issue 14, item 10: these gave ValueError, ZeroDivisionError, AttributeError tracebacks."""
+    _edit_config(model_copy, **changes)
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        load_model(model_copy, device="cpu")
+
+
+def test_a_config_json_that_is_not_an_object(model_copy):
+    (model_copy / "config.json").write_text("[1, 2, 3]")
+    with pytest.raises(CheckpointError, match="config.json: must be a JSON object, got list"):
         load_model(model_copy, device="cpu")
 
 
