@@ -41,10 +41,20 @@ class CanaryBook:
         self.by_request: dict[str, Canary] = {}
         self.live: set[str] = set()  # canaries not finished yet
         self.skipped = 0  # scheduled canaries not sent because MAX_LIVE were still running
+        self.off_reason: str | None = None if enabled else "canaries.enabled = false"
         self._last = time.monotonic()
 
     def configure(self, section) -> None:
         self.enabled, self.per_minute, self.marker_chars = section.enabled, section.per_minute, section.marker_chars
+        self.off_reason = None if self.enabled else "canaries.enabled = false"
+
+    def disable(self, reason: str) -> None:
+        """Canaries cannot run (e.g. the model has no tokenizer): off, and status says why."""
+        self.enabled, self.off_reason = False, reason
+
+    def describe(self) -> dict:
+        return {"enabled": self.enabled, "off_reason": self.off_reason, "per_minute": self.per_minute,
+                "live": len(self.live), "skipped": self.skipped}
 
     def due(self, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now

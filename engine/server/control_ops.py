@@ -180,6 +180,7 @@ class ControlOps:
             "load": sup.load(),
             "telemetry_seq": dict(sup.telemetry.seq),
             "telemetry": sup.telemetry.describe(),
+            "canaries": sup.canaries.describe(),
         }
         if not brief:
             result["alerts"] = sup.alerts.records()

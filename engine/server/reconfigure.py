@@ -73,7 +73,7 @@ def worker_crashed(sup, name: str) -> None:
     failed = sup.config
     sup.config, sup.model_config, sup.findings = rollback.config, rollback.model_config, rollback.findings
     sup.rollback = None
-    sup.canaries.configure(sup.config.canaries)
+    sup.configure_canaries(sup.config.canaries)
     wire = sup.config.to_dict()
     sup.broadcast({"op": "configure", "engine": {k: v for k, v in wire["engine"].items() if k in LIVE_ENGINE_KEYS},
                    "defences": wire["defences"], "faults": wire["faults"]})
@@ -111,7 +111,7 @@ def _apply(sup, new, model, findings, restart: set[str]) -> None:
         sup.rollback = Rollback(sup.config, sup.model_config, sup.findings, set(restart))
     sup.config, sup.model_config = new, model
     sup.findings = findings  # checked above against the same model: not computed again
-    sup.canaries.configure(new.canaries)
+    sup.configure_canaries(new.canaries)
     sup.broadcast({"op": "configure", "engine": live, "defences": wire["defences"], "faults": wire["faults"]})
     for name in restart:
         sup.workers.drain(sup.workers[name])  # restarts when its last request ends

@@ -110,6 +110,7 @@ class Supervisor:
                                   send=self.to_worker, on_spawn=self._worker_spawned,
                                   on_silent=self._worker_silent, on_stop=self._worker_stopping,
                                   on_exit=self._worker_exited)
+        self.configure_canaries(config.canaries)
         from engine.server.control_ops import ControlOps
         from engine.server.worker_events import WorkerEvents
 
@@ -137,7 +138,10 @@ class Supervisor:
         self.workers.watch()
         self.dispatch()
         self.fail_unplaced()
-        self.periodic()
+        try:
+            self.periodic()
+        except Exception as exc:  # nothing in the periodic path may end the loop
+            self.report_bug("periodic", "the supervisor", exc)
 
     def _drain(self, sock: zmq.Socket, handler) -> None:
         for frames in drain(sock):
@@ -157,19 +161,25 @@ class Supervisor:
 
     def _internal_error(self, sock: zmq.Socket, identity: bytes, body, exc: Exception) -> None:
         """Log the traceback, count it, raise an alert, answer the caller; keep serving."""
+
+        where = "control" if sock is self.control else "bus"
+        detail = self.report_bug(where, identity[:32].decode(errors="replace"), exc)
+        if sock is self.control:
+            self.to_client(identity, error_reply(message_id(body), "internal_error", detail))
+
+    def report_bug(self, where: str, peer: str, exc: Exception) -> str:
+        """Log the traceback, count it, raise an internal_error alert; returns its detail.
+        One alert per place and kind of failure (its count says how often), not one per
+        sender: a client sending from many identities cannot flood the book."""
         import traceback
 
         self.counters["internal_errors"] += 1
-        where = "control" if sock is self.control else "bus"
-        peer = identity[:32].decode(errors="replace")
         traceback.print_exc(file=sys.stderr)
-        detail = (f"supervisor bug handling a {where} message from {peer}: {type(exc).__name__}: {exc}; "
-                  "the message was dropped, the engine keeps running (traceback in the engine log)")
-        # one alert per place and kind of failure (its count says how often), not one per
-        # sender: a client sending from many identities cannot flood the book
+        what = "a message from " + peer if where in ("control", "bus") else "its periodic work"
+        detail = (f"supervisor bug handling {what} ({where}): {type(exc).__name__}: {exc}; "
+                  "the engine keeps running (traceback in the engine log)")
         self.alert("internal_error", "error", detail, subject=f"{where}:{type(exc).__name__}", peer=peer)
-        if sock is self.control:
-            self.to_client(identity, error_reply(message_id(body), "internal_error", detail))
+        return detail
 
     def shutdown(self) -> None:
         """Stop every worker (kill what does not exit in time), close sockets, remove the run dir."""
@@ -436,6 +446,18 @@ class Supervisor:
     # ---- helpers ----------------------------------------------------------------------
     def _capacity(self, config: EngineConfig):
         return check_capacity(config, model_max_positions=self.model_config.max_position_embeddings)
+
+    def configure_canaries(self, section) -> None:
+        """Canaries as configured, unless the model cannot encode their text: then they are
+        off and status says why (token-id prompts are served all the same)."""
+        self.canaries.configure(section)
+        self._tokenizer = None  # the model may have changed
+        if self.canaries.enabled:
+            try:
+                self.tokenizer
+            except PageWardenError as exc:
+                self.canaries.disable(f"the model has no usable tokenizer ({exc}); canaries need one to "
+                                      f"write their text")
 
     @property
     def tokenizer(self):
