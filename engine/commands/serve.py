@@ -18,7 +18,7 @@ def register(sub) -> None:
     )
     add_model_args(serve)
     serve.add_argument("--bind", default="tcp://127.0.0.1:5650", help="control endpoint (port 0: any free port)")
-    serve.add_argument("--telemetry-bind", help="telemetry endpoint (default: control port + 1)")
+    serve.add_argument("--telemetry-bind", help="telemetry endpoint (default: control port + 1; a random port when the control port is 0)")
     serve.add_argument("--curve", action="store_true", help="require CurveZMQ with a client-key allowlist")
     serve.add_argument("--keys", help="key directory for --curve (from `keys generate`)")
     serve.add_argument("--allow-faults", action="store_true",

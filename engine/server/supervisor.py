@@ -76,7 +76,7 @@ class Supervisor:
             curve.secure(self.control)
             curve.secure(self.pub)
         self.control_endpoint = bind_endpoint(self.control, bind)
-        self.telemetry_endpoint = bind_endpoint(self.pub, telemetry_bind or _next_port(self.control_endpoint))
+        self.telemetry_endpoint = bind_endpoint(self.pub, telemetry_bind or _next_port(bind, self.control_endpoint))
         self.bus = harden(self.ctx.socket(zmq.ROUTER), "bus")
         # A worker's identity is its name: a second peer claiming it must not take it over.
         self.bus.setsockopt(zmq.ROUTER_HANDOVER, 0)
@@ -474,7 +474,9 @@ class Supervisor:
             return None
 
 
-def _next_port(endpoint: str) -> str:
-    """The telemetry endpoint beside the control one: same host, port + 1."""
-    host, _, port = endpoint.rpartition(":")
-    return f"{host}:{int(port) + 1}" if port.isdigit() else f"{host}:0"
+def _next_port(asked: str, bound: str) -> str:
+    """The telemetry endpoint beside the control one: same host, port + 1; a random port
+    when the control one was asked for as random (port 0): the port after a random one may
+    belong to anyone, and serve failed to start when it did."""
+    host, _, port = bound.rpartition(":")
+    return f"{host}:{int(port) + 1}" if port.isdigit() and not asked.endswith(":0") else f"{host}:0"
