@@ -70,18 +70,16 @@ class Supervisor:
         self.ctx = curve.context if curve is not None else zmq.Context()
         self.run_dir = Path(tempfile.mkdtemp(prefix="pagewarden-"))
         self.run_dir.chmod(0o700)  # the bus and KV sockets live here: this user only
-        self.control = harden(self.ctx.socket(zmq.ROUTER), "control")
-        self.pub = harden(self.ctx.socket(zmq.XPUB), "publisher")
-        if curve is not None:
-            curve.secure(self.control)
-            curve.secure(self.pub)
-        self.control_endpoint = bind_endpoint(self.control, bind)
-        self.telemetry_endpoint = bind_endpoint(self.pub, telemetry_bind or _next_port(bind, self.control_endpoint))
-        self.bus = harden(self.ctx.socket(zmq.ROUTER), "bus")
-        # A worker's identity is its name: a second peer claiming it must not take it over.
-        self.bus.setsockopt(zmq.ROUTER_HANDOVER, 0)
-        self.bus_endpoint = f"ipc://{self.run_dir}/bus"
-        self.bus.bind(self.bus_endpoint)
+        opened: list[zmq.Socket] = []
+        try:
+            self._bind(bind, telemetry_bind, opened)
+        except BaseException:  # e.g. the port is taken: give back what was opened, then say so
+            for sock in opened:
+                sock.close(linger=0)
+            if curve is None:
+                self.ctx.term()
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
         self.poller = zmq.Poller()
         for sock in (self.control, self.bus, self.pub):
             self.poller.register(sock, zmq.POLLIN)
@@ -116,6 +114,25 @@ class Supervisor:
 
         self.ops = ControlOps(self)
         self.events = WorkerEvents(self)
+
+    def _bind(self, bind: str, telemetry_bind: str | None, opened: list) -> None:
+        """Open and bind the control ROUTER, the telemetry XPUB and the worker bus."""
+        curve = self.curve
+        self.control = harden(self.ctx.socket(zmq.ROUTER), "control")
+        opened.append(self.control)
+        self.pub = harden(self.ctx.socket(zmq.XPUB), "publisher")
+        opened.append(self.pub)
+        if curve is not None:
+            curve.secure(self.control)
+            curve.secure(self.pub)
+        self.control_endpoint = bind_endpoint(self.control, bind)
+        self.telemetry_endpoint = bind_endpoint(self.pub, telemetry_bind or _next_port(bind, self.control_endpoint))
+        self.bus = harden(self.ctx.socket(zmq.ROUTER), "bus")
+        opened.append(self.bus)
+        # A worker's identity is its name: a second peer claiming it must not take it over.
+        self.bus.setsockopt(zmq.ROUTER_HANDOVER, 0)
+        self.bus_endpoint = f"ipc://{self.run_dir}/bus"
+        self.bus.bind(self.bus_endpoint)
 
     # ---- lifecycle --------------------------------------------------------------------
     def start_workers(self) -> None:

@@ -33,7 +33,7 @@ def test_serve_runs_without_a_tokenizer_and_says_why_canaries_are_off(start_serv
 
 
 def test_an_exception_in_periodic_work_is_an_alert_not_the_end_of_the_loop(monkeypatch):
-    sup = Supervisor(EngineConfig().replace(canaries={"per_minute": 600}))  # no workers started
+    sup = Supervisor(EngineConfig().replace(canaries={"per_minute": 600}), bind="tcp://127.0.0.1:0")  # no workers
     try:
         def broken():
             raise RuntimeError("tokenizer exploded")

@@ -16,7 +16,7 @@ from engine.server.supervisor import Supervisor
 
 @pytest.fixture
 def supervisor():
-    sup = Supervisor(EngineConfig().replace(canaries={"enabled": False}))  # no workers started
+    sup = Supervisor(EngineConfig().replace(canaries={"enabled": False}), bind="tcp://127.0.0.1:0")  # no workers started
     yield sup
     sup.shutdown()
 
@@ -124,3 +124,26 @@ def test_request_ids_are_the_clients_once_and_never_a_canarys(supervisor):
         stop.set()
         pump.join(10)
     assert [r.request_id for r in sup.book.values()] == ["mine"]
+
+
+def test_a_taken_port_is_a_clear_error_and_leaves_nothing_open():
+    """A supervisor that cannot bind closed nothing it had opened: its sockets and context were
+    collected later, inside whatever test ran then (a ResourceWarning failed an unrelated test)."""
+    import gc
+    import warnings
+
+    import zmq
+
+    ctx = zmq.Context()
+    taken = ctx.socket(zmq.ROUTER)
+    port = taken.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with pytest.raises(zmq.ZMQError, match="Address already in use"):
+                Supervisor(EngineConfig().replace(canaries={"enabled": False}), bind=f"tcp://127.0.0.1:{port}")
+            gc.collect()
+        assert not [w for w in seen if issubclass(w.category, ResourceWarning)], [str(w.message) for w in seen]
+    finally:
+        taken.close(0)
+        ctx.term()
