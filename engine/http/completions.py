@@ -23,11 +23,30 @@ from engine.http.stop_filter import StopFilter
 
 MAX_BODY_BYTES = 32 << 20  # a prompt of 2 Mi token ids as JSON
 IDLE_TIMEOUT_S = 300.0  # the engine said nothing about a request for this long: 504
+# A connection that has not sent a whole request within this long is closed (aiohttp's
+# keep-alive timer runs from the connection's start and is not reset by partial headers: a
+# client trickling header bytes held its connection forever, 300 of them stayed open).
+HEADER_TIMEOUT_S = 15.0
 MODEL_INFO_TTL_S = 2.0
 CLIENT_CODES = {"invalid_request": 400, "admission_rejected": 400, "bad_message": 400}
 BUSY_CODES = {"worker_crashed": 503, "worker_stopped": 503, "transfer_timeout": 503, "pool_exhausted": 503}
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 log = logging.getLogger(__name__)
+
+
+def parse_json_body(raw: bytes):
+    """The request body as JSON, or HttpError 400 naming what is wrong with it: not JSON,
+    nested deeper than Python's parser goes (a 100,000-deep array raised RecursionError: 500),
+    or a number with more digits than Python converts (4,300; a 5,000-digit one: 500)."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise HttpError(400, "the request body nests arrays or objects too deeply to parse "
+                             "(a completion request needs at most 3 levels)") from None
+    except ValueError as exc:  # int() refusing a number longer than sys.get_int_max_str_digits()
+        raise HttpError(400, f"the request body holds a number that cannot be read: {exc}") from None
 
 
 def engine_http_error(code: str, message: str) -> HttpError:
@@ -65,10 +84,7 @@ class CompletionsApp:
 
     # ---- /v1/completions --------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
+        body = parse_json_body(await request.read())
         req = parse_completion(body)
         info = await self.model_info()
         if req.model is not None and req.model != info["id"]:

@@ -8,7 +8,7 @@ import threading
 
 from aiohttp import web
 
-from engine.http.completions import CompletionsApp
+from engine.http.completions import HEADER_TIMEOUT_S, CompletionsApp
 from engine.http.engine_link import EngineLink
 
 START_TIMEOUT_S = 30.0
@@ -16,8 +16,9 @@ START_TIMEOUT_S = 30.0
 
 class HttpFrontend:
     def __init__(self, control_endpoint: str, host: str = "127.0.0.1", port: int = 0, *,
-                 curve: tuple[bytes, bytes, bytes] | None = None):
+                 curve: tuple[bytes, bytes, bytes] | None = None, header_timeout_s: float = HEADER_TIMEOUT_S):
         self.control_endpoint, self.host, self.port, self.curve = control_endpoint, host, port, curve
+        self.header_timeout_s = header_timeout_s
         self.url: str | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -57,7 +58,7 @@ class HttpFrontend:
         # handler_cancellation: a client that hangs up cancels its engine request at once,
         # not at the next token; the pages go back before that client's next request.
         runner = web.AppRunner(CompletionsApp(link).build(), access_log=None, handle_signals=False,
-                               handler_cancellation=True)
+                               handler_cancellation=True, keepalive_timeout=self.header_timeout_s)
         await runner.setup()
         try:
             site = web.TCPSite(runner, self.host, self.port)

@@ -171,3 +171,36 @@ def test_non_loopback_http_host_is_refused(tmp_path):
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "--http-host 0.0.0.0" in proc.stderr and "no CURVE" in proc.stderr and "--http-allow-remote" in proc.stderr
+
+
+@pytest.mark.parametrize("raw, words", [
+    (b"[" * 100_000 + b"]" * 100_000, "nests arrays or objects too deeply"),
+    (b'{"prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}", "a number that cannot be read"),
+])
+def test_hostile_json_is_400_naming_the_problem(server, raw, words):
+    """Issue 14, item 11: these were 500 (RecursionError; int conversion past 4,300 digits)."""
+    status, answer = post(server, raw)
+    assert status == 400 and words in answer["error"]["message"], answer
+    server.check_alive()
+
+
+def test_connections_that_trickle_their_headers_are_closed(tmp_path):
+    """Issue 14, item 11: slow-header connections were never timed out (300 stayed open)."""
+    import socket
+    import urllib.parse
+
+    from engine.http.completions import HEADER_TIMEOUT_S
+
+    config = write_config(tmp_path / "config.toml")
+    server = ServerProcess(config, "--http-port", "0")
+    try:
+        url = urllib.parse.urlparse(server.ready["http"])
+        conns = [socket.create_connection((url.hostname, url.port), timeout=10) for _ in range(20)]
+        for conn in conns:
+            conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")  # and never the rest
+        for conn in conns:
+            conn.settimeout(HEADER_TIMEOUT_S + 120)  # closed by the server after its header timeout
+            assert conn.recv(1) == b""
+            conn.close()
+    finally:
+        server.stop()
