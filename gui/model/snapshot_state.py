@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import time
 
-from engine.wire.protocol import Message, ProtocolError
+from engine.wire.protocol import Message
 from gui.model.engine_state import EngineState
 
 
 def state_from_snapshot(opened) -> tuple[EngineState, list[str]]:
     """(state, problems) for an OpenedSnapshot (gui.snapshot.bundle)."""
     snap, state, problems = opened.state, EngineState(), []
-    state.apply_status({"engine": _dict(snap.get("engine")), "config": _dict(opened.manifest.get("config")),
-                        "workers": _list(snap.get("workers")), "capacity": _list(snap.get("capacity"))})
+    try:
+        state.apply_status({"engine": _dict(snap.get("engine")), "config": _dict(opened.manifest.get("config")),
+                            "workers": _list(snap.get("workers")), "capacity": _list(snap.get("capacity"))})
+    except Exception as exc:  # noqa: BLE001 - any shape a bundle can hold: named, then left out
+        problems.append(f"status (engine, config, workers, capacity) is malformed and left out: "
+                        f"{type(exc).__name__}: {exc}")
     now = time.monotonic()
     for record in _list(snap.get("requests")):
         _fold(state, "requests", record, now, problems)
@@ -33,13 +37,13 @@ def state_from_snapshot(opened) -> tuple[EngineState, list[str]]:
     pools = {p.get("name"): p for p in _list(snap.get("pools")) if isinstance(p, dict)}
     for name, arrays in opened.pages.items():
         pool = pools.get(name, {})
-        header = {"topic": f"pages/{name}", "pool": name, "kind": "keyframe", "seq": 0,
-                  "num_pages": len(arrays["owner"]), "role": pool.get("role", ""),
-                  "page_size": int(pool.get("page_size") or 0)}
         try:
+            header = {"topic": f"pages/{name}", "pool": name, "kind": "keyframe", "seq": 0,
+                      "num_pages": len(arrays["owner"]), "role": str(pool.get("role", "")),
+                      "page_size": int(pool.get("page_size") or 0)}
             state.pages.apply(Message(header, dict(arrays)))
-        except (ProtocolError, KeyError, TypeError, ValueError) as exc:
-            problems.append(f"pool {name}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a damaged pool is named and left out
+            problems.append(f"pool {name}: {type(exc).__name__}: {exc}")
     state.last_message_at = now
     return state, problems
 
@@ -56,8 +60,9 @@ def _fold(state: EngineState, topic: str, record, now: float, problems: list[str
         return
     try:
         state.apply(Message({**record, "topic": topic}), now)
-    except (TypeError, ValueError, KeyError) as exc:
-        problems.append(f"{topic} record {record.get('request_id') or record.get('id')}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a malformed record is named and skipped
+        name = record.get("request_id") or record.get("id")
+        problems.append(f"{topic} record {str(name)[:80]}: {type(exc).__name__}: {exc}")
 
 
 def _dict(value) -> dict:

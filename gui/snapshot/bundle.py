@@ -25,7 +25,12 @@ from engine.wire.protocol import PAGE_FIELDS
 from gui.snapshot.collect import SCHEMA, Snapshot
 
 METRIC_COLUMNS = ("time", "tokens_per_s", "ttft_ms_p50", "ttft_ms_max", "tpot_ms_p50", "queue_depth", "running")
-MAX_MEMBER_BYTES = 2 << 30  # a member claiming more than this is refused (zip bombs)
+# Checked against the sizes the zip declares, before anything is inflated (zip bombs: a
+# 4.8 MB bundle of four 1 GiB members took 23 s and 5.25 GB to read). zipfile refuses a
+# member whose data inflates past its declared size, so the declared sizes bound memory.
+MAX_MEMBER_BYTES = 1 << 30
+MAX_TOTAL_BYTES = 2 << 30
+MAX_MEMBERS = 10_000
 
 
 class SnapshotError(Exception):
@@ -147,7 +152,14 @@ def read_bundle(path: str | Path) -> OpenedSnapshot:
         raise SnapshotError(f"{path} is not a readable zip file ({exc}); it may be truncated") from None
     with zf:
         members = {}
-        for info in zf.infolist():
+        infos = zf.infolist()
+        if len(infos) > MAX_MEMBERS:
+            raise SnapshotError(f"{path}: {len(infos):,} members (limit {MAX_MEMBERS:,})")
+        total = sum(info.file_size for info in infos)
+        if total > MAX_TOTAL_BYTES:
+            raise SnapshotError(f"{path}: its members claim {total:,} bytes in all (limit {MAX_TOTAL_BYTES:,}); "
+                                f"nothing was inflated")
+        for info in infos:
             if info.file_size > MAX_MEMBER_BYTES:
                 raise SnapshotError(f"{path}: member {info.filename} claims {info.file_size:,} bytes "
                                     f"(limit {MAX_MEMBER_BYTES:,})")
@@ -168,6 +180,10 @@ def _load_json(path: Path, members: dict, name: str) -> dict:
         document = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SnapshotError(f"{path}: {name} is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise SnapshotError(f"{path}: {name} nests too deeply to read") from None
+    except ValueError as exc:  # e.g. an integer longer than Python converts
+        raise SnapshotError(f"{path}: {name} cannot be read ({exc})") from None
     if not isinstance(document, dict):
         raise SnapshotError(f"{path}: {name} must hold a JSON object, not {type(document).__name__}")
     return document
@@ -229,8 +245,8 @@ def _events(data, warnings: list[str]) -> list[dict]:
     for number, line in enumerate(data.splitlines(), 1):
         try:
             event = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            warnings.append(f"events.jsonl line {number} is not JSON; the rest is skipped")
+        except (UnicodeDecodeError, ValueError, RecursionError):  # not JSON, a huge number, too deep
+            warnings.append(f"events.jsonl line {number} cannot be read as JSON; the rest is skipped")
             break
         if isinstance(event, dict):
             events.append(event)

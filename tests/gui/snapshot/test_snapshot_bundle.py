@@ -173,3 +173,50 @@ def test_pickled_arrays_are_never_loaded(tmp_path):
     _rewrite(path, tmp_path / "evil.zip", lambda name, data: evil.getvalue() if name == "pages.npz" else data)
     opened = read_bundle(tmp_path / "evil.zip")
     assert opened.pages == {} and any("pages.npz cannot be read" in w for w in opened.warnings)
+
+
+def test_members_claiming_too_much_in_all_are_refused_before_inflating(tmp_path, monkeypatch):
+    """Issue 14, item 9: four 1 GiB members (a 4.8 MB zip) took 23 s and 5.25 GB to read."""
+    monkeypatch.setattr(bundle, "MAX_TOTAL_BYTES", 1 << 20)
+    path = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for i in range(4):
+            zf.writestr(f"part{i}.bin", b"\0" * (300 << 10))
+    with pytest.raises(SnapshotError, match=r"its members claim 1,228,800 bytes in all \(limit 1,048,576\)"):
+        read_bundle(path)
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "state.json"])
+def test_deeply_nested_json_is_a_snapshot_error(tmp_path, name):
+    path = write_bundle(make_snapshot(), tmp_path / "s.zip")
+    _rewrite(path, tmp_path / "bad.zip", lambda n, data: b"[" * 100_000 + b"]" * 100_000 if n == name else data)
+    with pytest.raises(SnapshotError, match=f"{name} nests too deeply to read"):
+        read_bundle(tmp_path / "bad.zip")
+
+
+def test_a_deeply_nested_event_line_is_a_warning(tmp_path):
+    path = write_bundle(make_snapshot(), tmp_path / "s.zip")
+    _rewrite(path, tmp_path / "bad.zip",
+             lambda n, data: data + b"[" * 100_000 + b"]" * 100_000 + b"\n" if n == "events.jsonl" else data)
+    opened = read_bundle(tmp_path / "bad.zip")
+    assert any("cannot be read as JSON; the rest is skipped" in w for w in opened.warnings)
+
+
+def test_malformed_records_become_problems_never_exceptions(tmp_path):
+    from gui.model.snapshot_state import state_from_snapshot
+
+    def break_state(name, data):
+        if name != "state.json":
+            return data
+        state = json.loads(data)
+        state["requests"] = [{"request_id": "r1", "phase": 7, "tokens": "many", "pages": "x"}, "not a record",
+                             {"request_id": ["a"], "prompt_len": {"x": 1}}]
+        state["alerts"] = [{"id": 5, "severity": ["critical"], "state": None, "requests": 3}]
+        state["workers"] = [{"name": 1, "state": {}, "pool": "not a map"}]
+        state["pools"] = [{"name": "decode-0", "page_size": "abc"}]
+        return json.dumps(state).encode()
+
+    path = write_bundle(make_snapshot(), tmp_path / "s.zip")
+    _rewrite(path, tmp_path / "bad.zip", break_state)
+    state, problems = state_from_snapshot(read_bundle(tmp_path / "bad.zip"))
+    assert problems and any("not a record" in p or "not an object" in p for p in problems)
