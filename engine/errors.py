@@ -106,6 +106,12 @@ class WorkerCrashed(PageWardenError):
     code = "worker_crashed"
 
 
+class Forbidden(PageWardenError):
+    """The client's role does not allow this op, or the request is another client's."""
+
+    code = "forbidden"
+
+
 class NoWorker(PageWardenError):
     """No worker of a role the request needs is ready, and none came back in time (or none can)."""
 

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.client import __version__
-from engine.wire.protocol import READ_ONLY_OPS
+from engine.wire.roles import READ_ONLY_OPS
 from gui.demo_load import DemoLoad
 from gui.dialogs.about_dialog import AboutDialog
 from gui.dialogs.attach_dialog import AttachDialog

@@ -63,13 +63,16 @@ class LocalServer:
         self.control, self.telemetry = self.ready["control"], self.ready["telemetry"]
         self._clients: list[EngineClient] = []
 
-    def subscriber(self, topics=("",), *, wait_s: float = 60.0, **kwargs) -> TelemetrySubscriber:
+    def subscriber(self, topics=("",), *, wait: bool = True, wait_s: float = 60.0, **kwargs) -> TelemetrySubscriber:
         """A subscriber whose subscriptions the supervisor has taken (status says so), so no
         message published from now on is missed; TimeoutError after wait_s. (The XPUB reports
         a topic once: when another subscriber holds it already, this cannot wait for ours.)"""
         sub = TelemetrySubscriber(self.telemetry, topics, **kwargs)
         self._clients.append(sub)
-        client = EngineClient(self.control, timeout_s=wait_s)
+        if not wait:  # (a subscriber the server is expected to refuse)
+            return sub
+        client = EngineClient(self.control, timeout_s=wait_s, server_key=kwargs.get("server_key"),
+                              client_keys=kwargs.get("client_keys"))
         try:
             deadline = time.monotonic() + wait_s
             while not set(topics) <= set(client.status()["telemetry"]["subscriptions"]):

@@ -8,6 +8,7 @@ import sys
 
 from engine.commands.common import EXIT_OK, add_model_args, fail, load_config
 from engine.http.options import add_http_args, check_http_args, start_http
+from engine.wire.roles import DEFAULT_LOCAL_ROLE, ROLES
 
 
 def register(sub) -> None:
@@ -21,6 +22,10 @@ def register(sub) -> None:
     serve.add_argument("--telemetry-bind", help="telemetry endpoint (default: control port + 1; a random port when the control port is 0)")
     serve.add_argument("--curve", action="store_true", help="require CurveZMQ with a client-key allowlist")
     serve.add_argument("--keys", help="key directory for --curve (from `keys generate`)")
+    serve.add_argument("--local-role", choices=ROLES, default=DEFAULT_LOCAL_ROLE,
+                       help="every client's role without --curve (loopback only; default admin). With "
+                            "--curve a key's role is its allowlist sub-directory: clients/viewer/, "
+                            "clients/operator/, clients/admin/ (a key directly in clients/ is admin)")
     serve.add_argument("--allow-faults", action="store_true",
                        help="allow turning defences off and faults on (reproducing incidents; never in production)")
     serve.add_argument("--json", action="store_true", help="print a JSON line with the endpoints when ready")
@@ -48,7 +53,7 @@ def cmd_serve(args) -> int:
                 raise ValueError("--curve needs --keys DIR (create one with `python main.py keys generate DIR`)")
             curve = CurveServer(zmq.Context(), args.keys)
         supervisor = Supervisor(config, bind=args.bind, telemetry_bind=args.telemetry_bind, curve=curve,
-                                allow_faults=args.allow_faults)
+                                allow_faults=args.allow_faults, local_role=args.local_role)
     except (PageWardenError, ValueError, FileNotFoundError, OSError) as exc:
         if curve is not None:
             curve.stop()

@@ -5,14 +5,17 @@ from __future__ import annotations
 import socket
 import time
 
+import zmq
+
 from engine import __version__
 from engine.admission import check_admission, check_prompt_ids
-from engine.errors import AdmissionRejected, InvalidRequest, PageWardenError
+from engine.errors import AdmissionRejected, Forbidden, InvalidRequest, PageWardenError
 from engine.request import SamplingParams
 from engine.server.reconfigure import reconfigure
 from engine.server.request_record import Phase, RequestRecord
 from engine.server.worker_handle import WorkerState
-from engine.wire.protocol import CANARY_PREFIX, CANARY_TENANT, CLIENT_OPS, Message, ProtocolError, field_of, pack, reply
+from engine.wire.protocol import CANARY_PREFIX, CANARY_TENANT, Message, ProtocolError, field_of, pack, reply
+from engine.wire.roles import CLIENT_OPS, OP_ROLES, allows
 
 MAX_PROMPT_TOKENS = 1 << 21
 # Settings a worker applies between steps; anything else in [engine] or [pools] restarts it.
@@ -28,8 +31,33 @@ class ControlOps:
         op = msg.op
         if op not in CLIENT_OPS:
             raise ProtocolError(f"unknown op {op!r}; known: {', '.join(CLIENT_OPS)}")
+        self.caller, self.role = self._caller(frames)
+        if not allows(self.role, op):
+            self.sup.counters["forbidden"] += 1
+            raise Forbidden(f"op {op!r} needs the {OP_ROLES[op]} role; this client is a {self.role}")
         self.sup.counters[f"op:{op}"] += 1
         getattr(self, f"op_{op}")(identity, msg)
+
+    def _caller(self, frames: list) -> tuple[str, str]:
+        """(who, role) of the sender: its CURVE key and the role the allowlist gives it, or
+        ("local", serve --local-role) without CURVE (loopback only)."""
+        sup = self.sup
+        if sup.curve is None:
+            return "local", sup.local_role
+        try:
+            user = frames[0].get("User-Id") if frames else None
+        except (zmq.ZMQError, AttributeError, TypeError):
+            user = None
+        role = sup.curve.role_of(user)
+        if role is None:
+            raise Forbidden("this client's key is not in the allowlist any more (it was removed after it connected)")
+        return user, role
+
+    def _own(self, rec: RequestRecord, what: str) -> None:
+        """Only the client that submitted a request (or an admin) may act on it."""
+        if rec.owner != self.caller and self.role != "admin":
+            self.sup.counters["forbidden"] += 1
+            raise Forbidden(f"request {rec.request_id} belongs to another client; only it or an admin may {what} it")
 
     def _reply(self, identity: bytes, msg: Message, result: dict | None = None, arrays=None) -> None:
         self.sup.to_client(identity, reply(msg.get("id"), result, arrays))
@@ -64,6 +92,7 @@ class ControlOps:
         tenant = field_of(msg, "tenant", "str", default="default", max_len=64)
         tier = field_of(msg, "data_tier", "str", default=None, max_len=64)
         rec = self.accept(request_id, slot, prompt, params, tenant, identity, msg.get("id"), data_tier=tier)
+        rec.owner = self.caller
         rec.placeholder = placeholder
 
     def accept(self, request_id: str, slot: int, prompt: list[int], params: dict, tenant: str,
@@ -141,6 +170,7 @@ class ControlOps:
         rec = sup.book.get(rid)
         if rec is None or rec.done:
             raise InvalidRequest(f"request {rid!r} is not running")
+        self._own(rec, "cancel")
         rec.cancel_requested = True
         sup.audit.record(rid, "cancel_requested")
         if rec.phase == Phase.PREFILLING and rec.prefill_worker:
@@ -263,6 +293,10 @@ class ControlOps:
     def op_audit(self, identity: bytes, msg: Message) -> None:
         rid = field_of(msg, "request_id", "str")
         rec = self.sup.book.get(rid)
+        if rec is not None:
+            self._own(rec, "read the audit of")
+        elif self.role != "admin":
+            raise Forbidden(f"request {rid!r} is not tracked; only an admin may read an untracked audit")
         self._reply(identity, msg, {"request_id": rid, "events": self.sup.audit.events(rid),
                                     "request": rec.describe() if rec else None})
 

@@ -35,6 +35,7 @@ from engine.server.telemetry import TelemetryPublisher
 from engine.server.worker_handle import WorkerHandle, WorkerState
 from engine.server.worker_pool import WorkerPool
 from engine.wire.protocol import CANARY_TENANT, ProtocolError, error_reply, message_id, pack, unpack
+from engine.wire.roles import DEFAULT_LOCAL_ROLE, check_role
 from engine.wire.sockets import bind_endpoint, drain, harden
 
 DEFAULT_BIND = "tcp://127.0.0.1:5650"
@@ -46,7 +47,7 @@ CAPACITY_PERIOD_S = 10.0
 
 class Supervisor:
     def __init__(self, config: EngineConfig, *, bind: str = DEFAULT_BIND, telemetry_bind: str | None = None,
-                 curve=None, allow_faults: bool = False):
+                 curve=None, allow_faults: bool = False, local_role: str = DEFAULT_LOCAL_ROLE):
         """curve: an engine.wire.curve.CurveServer, or None for plaintext (loopback only).
         allow_faults: defences may be turned off and faults on (reproducing incidents).
 
@@ -59,6 +60,7 @@ class Supervisor:
         if telemetry_bind:
             check_bind_policy(telemetry_bind, curve is not None)
         self.allow_faults = allow_faults
+        self.local_role = check_role(local_role)  # every client's role without CURVE
         config.check_faults_allowed(allow_faults)
         self.config = config
         self.curve = curve

@@ -24,6 +24,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
+from engine.wire.roles import ROLES
 from engine.wire.sockets import check_bind_policy, is_curve_secured, require_fresh
 
 __all__ = ["ZAP_DOMAIN", "generate_keys", "load_server_keys", "load_client_keys", "load_public_key",
@@ -162,13 +163,20 @@ def load_client_keys(key_file_or_dir) -> tuple[bytes, bytes]:
     return _read_pair(path)
 
 
-def load_allowlist(directory) -> frozenset[bytes]:
-    """The z85 public keys of every *.key file in `directory`. Raises FileNotFoundError for a
-    missing directory, ValueError naming a malformed file."""
+def load_allowlist(directory) -> dict[bytes, str]:
+    """z85 public key -> role, for every *.key file in `directory` (role admin) and in its
+    viewer/, operator/ and admin/ sub-directories (engine/wire/roles.py). A key in two places
+    gets the narrower role. Raises FileNotFoundError for a missing directory, ValueError naming
+    a malformed file."""
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"allowlist directory {directory} not found")
-    return frozenset(load_public_key(p) for p in sorted(directory.glob("*.key")))
+    roles: dict[bytes, str] = {}
+    for role, folder in (("admin", directory), *((r, directory / r) for r in ROLES)):
+        for path in sorted(folder.glob("*.key")) if folder.is_dir() else ():
+            key = load_public_key(path)
+            roles[key] = min(roles.get(key, role), role, key=ROLES.index)
+    return roles
 
 
 # ---- server and client ------------------------------------------------------------------
@@ -266,9 +274,14 @@ class CurveServer:
         self.count_events(monitor)
         monitor.close()
 
+    def role_of(self, user_id: str | None) -> str | None:
+        """The role of an authenticated client (its ZAP User-Id is its z85 public key); None
+        for a key no longer in the allowlist (it was removed after the client connected)."""
+        return self._allowed.get(user_id.encode()) if user_id else None
+
     def allowed_keys(self) -> frozenset[bytes]:
         """The z85 client public keys admitted now."""
-        return self._allowed
+        return frozenset(self._allowed)
 
     def reload(self) -> int:
         """Re-read the allowlist directory; returns the number of keys. New connections see it;

@@ -198,13 +198,7 @@ def field_of(msg: Message | dict, name: str, kind: str, *, default=_MISSING, low
 
 # ---- client ops ----------------------------------------------------------------------
 
-CLIENT_OPS = (
-    "submit", "cancel", "status", "start", "stop", "restart", "reconfigure", "keyframe",
-    "page_metadata", "audit", "ping", "ack_alert", "canary", "scope", "prompt_log", "ground_truth", "history",
-)
-# Ops a read-only client may send (the GUI's --readonly mode and telemetry viewers).
-READ_ONLY_OPS = ("status", "keyframe", "page_metadata", "audit", "ping", "scope", "prompt_log", "ground_truth",
-                 "history")
+# The control ops and who may send each: engine/wire/roles.py
 
 
 MAX_ID_KEYS = 64  # header keys looked at for the id of a message that does not unpack

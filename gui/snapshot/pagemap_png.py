@@ -12,7 +12,14 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from gui.model.page_colors import (
-    BRIGHT_BASE, CANARY_PAGE, DIM_BASE, FREE_PAGE, NO_PAGE, NUM_COLOURS, QUARANTINED_PAGE, PageColors,
+    BRIGHT_BASE,
+    CANARY_PAGE,
+    DIM_BASE,
+    FREE_PAGE,
+    NO_PAGE,
+    NUM_COLOURS,
+    QUARANTINED_PAGE,
+    PageColors,
 )
 from gui.model.page_grid import PageGrid
 
