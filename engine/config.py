@@ -50,6 +50,10 @@ class EngineSection:
     kernels: str = "auto"
     strict_capacity: bool = False
     ownership_policy: str = "abort"  # abort | report_only (for measurement)
+    # One client's share of the queue: requests, and tokens (prompt + max_new_tokens), queued
+    # or running at once; past it a submit is refused (budget_exceeded) until some end.
+    max_requests_per_client: int = 1024
+    max_tokens_per_client: int = 8_388_608
 
 
 # [defences] and [faults]: one boolean per switch of engine/wire/defences.py (declared there once)
@@ -217,6 +221,8 @@ _RANGES = {
     "prefill": (1, 64),
     "decode": (1, 64),
     "per_minute": (0, 600),
+    "max_requests_per_client": (1, 1_000_000),
+    "max_tokens_per_client": (1, MAX_TOKENS - 1),
     "restart_limit": (0, 1000),
     "restart_backoff_ms": (0, 60_000),
     "unplaced_timeout_s": (1, 86_400),

@@ -106,6 +106,12 @@ class WorkerCrashed(PageWardenError):
     code = "worker_crashed"
 
 
+class BudgetExceeded(PageWardenError):
+    """One client already has as many requests (or tokens) queued or running as it may."""
+
+    code = "budget_exceeded"
+
+
 class Forbidden(PageWardenError):
     """The client's role does not allow this op, or the request is another client's."""
 

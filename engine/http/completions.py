@@ -29,7 +29,8 @@ IDLE_TIMEOUT_S = 300.0  # the engine said nothing about a request for this long:
 HEADER_TIMEOUT_S = 15.0
 MODEL_INFO_TTL_S = 2.0
 CLIENT_CODES = {"invalid_request": 400, "admission_rejected": 400, "bad_message": 400}
-BUSY_CODES = {"worker_crashed": 503, "worker_stopped": 503, "transfer_timeout": 503, "pool_exhausted": 503}
+BUSY_CODES = {"worker_crashed": 503, "worker_stopped": 503, "transfer_timeout": 503, "pool_exhausted": 503,
+              "no_worker": 503, "budget_exceeded": 429}
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 log = logging.getLogger(__name__)
 

@@ -79,6 +79,9 @@ class ControlOps:
                 # reservation, a transfer): one id, one request, for as long as it is remembered
                 raise InvalidRequest(f"request id {request_id!r} was already used; ids are unique per engine run")
             SamplingParams(**{k: v for k, v in params.items() if k != "stream"}).validate(request_id)
+            budget_key = self.caller if sup.curve is not None else identity.hex()
+            sup.book.check_budget(budget_key, request_id, len(prompt) + params["max_new_tokens"],
+                                  sup.config.engine.max_requests_per_client, sup.config.engine.max_tokens_per_client)
             placeholder = self._admit(request_id, len(prompt), params["max_new_tokens"])
         except (PageWardenError, ProtocolError) as exc:
             sup.counters["rejected"] += 1
@@ -91,15 +94,17 @@ class ControlOps:
             return
         tenant = field_of(msg, "tenant", "str", default="default", max_len=64)
         tier = field_of(msg, "data_tier", "str", default=None, max_len=64)
-        rec = self.accept(request_id, slot, prompt, params, tenant, identity, msg.get("id"), data_tier=tier)
+        rec = self.accept(request_id, slot, prompt, params, tenant, identity, msg.get("id"), data_tier=tier,
+                          budget_key=budget_key)
         rec.owner = self.caller
         rec.placeholder = placeholder
 
     def accept(self, request_id: str, slot: int, prompt: list[int], params: dict, tenant: str,
-               identity: bytes | None, msg_id, *, data_tier: str | None = None) -> RequestRecord:
+               identity: bytes | None, msg_id, *, data_tier: str | None = None,
+               budget_key: str | None = None) -> RequestRecord:
         """Queue an admitted request, log it (never its text) and tell its client."""
         sup = self.sup
-        rec = RequestRecord(request_id, slot, tenant, prompt, params, identity, msg_id)
+        rec = RequestRecord(request_id, slot, tenant, prompt, params, identity, msg_id, budget_key=budget_key)
         sup.book.admit(rec)
         sup.counters["admitted"] += 1
         sup.audit.record(request_id, "admitted", slot=slot, prompt_len=len(prompt), prompt_hash=rec.prompt_hash,

@@ -12,7 +12,8 @@ from engine.model.precheck import precheck
 from engine.pool_memory import check_pool_memory
 
 LIVE_ENGINE_KEYS = {"scrub_policy", "max_batch", "ownership_policy"}  # workers take them while running
-SUPERVISOR_ENGINE_KEYS = {"context_window", "max_batch", "strict_capacity"}  # the supervisor's own
+SUPERVISOR_ENGINE_KEYS = {"context_window", "max_batch", "strict_capacity",  # the supervisor's own
+                          "max_requests_per_client", "max_tokens_per_client"}
 
 
 def reconfigure(sup, changes: dict, *, apply: bool) -> dict:

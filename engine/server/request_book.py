@@ -16,8 +16,9 @@ not in it is a bug and raises (the supervisor's per-message guard turns that int
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 
+from engine.errors import BudgetExceeded
 from engine.server.request_record import DONE, Phase, RequestRecord
 
 EDGES = {
@@ -38,6 +39,9 @@ class RequestBook:
         self.reserving: set[str] = set()  # reserve sent, no answer yet
         self.awaiting_prefill: deque[str] = deque()  # reserved, waiting for a prefill worker
         self.keep_done = keep_done
+        # per client (budget_key): live requests and their tokens (prompt + max_new_tokens)
+        self.live_requests: Counter[str] = Counter()
+        self.live_tokens: Counter[str] = Counter()
 
     # ---- lookups ----------------------------------------------------------------------
     def get(self, request_id) -> RequestRecord | None:
@@ -64,11 +68,26 @@ class RequestBook:
     def waiting(self) -> int:
         return len(self.queue) + len(self.awaiting_prefill)
 
+    def check_budget(self, key: str, request_id: str, tokens: int, max_requests: int, max_tokens: int) -> None:
+        """Raise BudgetExceeded when one more request of `tokens` would take client `key` past
+        its share: one client cannot fill the queue and starve the others."""
+        if self.live_requests[key] + 1 > max_requests:
+            raise BudgetExceeded(f"request {request_id}: this client has {self.live_requests[key]:,} requests "
+                                 f"queued or running, the most one client may have "
+                                 f"(engine.max_requests_per_client = {max_requests:,}); wait for some to end")
+        if self.live_tokens[key] + tokens > max_tokens:
+            raise BudgetExceeded(f"request {request_id}: {tokens:,} more tokens would give this client "
+                                 f"{self.live_tokens[key] + tokens:,} queued or running, past "
+                                 f"engine.max_tokens_per_client = {max_tokens:,}; wait for some to end")
+
     # ---- the edges ----------------------------------------------------------------------
     def admit(self, rec: RequestRecord) -> None:
         """A new request, QUEUED at the end of the line."""
         if rec.request_id in self.records and not self.records[rec.request_id].done:
             raise ValueError(f"request {rec.request_id!r} is already tracked")
+        if rec.budget_key is not None:
+            self.live_requests[rec.budget_key] += 1
+            self.live_tokens[rec.budget_key] += rec.prompt_len + int(rec.params.get("max_new_tokens", 0))
         rec.phase = Phase.QUEUED
         self.records[rec.request_id] = rec
         self.by_slot[rec.slot] = rec.request_id
@@ -123,6 +142,12 @@ class RequestBook:
             return False
         rec.phase, rec.finish_reason, rec.error = phase, reason, error
         rec.finished_at = time.monotonic() if now is None else now
+        if rec.budget_key is not None:
+            key = rec.budget_key
+            self.live_requests[key] -= 1
+            self.live_tokens[key] -= rec.prompt_len + int(rec.params.get("max_new_tokens", 0))
+            if self.live_requests[key] <= 0:
+                del self.live_requests[key], self.live_tokens[key]  # a client that went is not kept
         for line in (self.queue, self.awaiting_prefill):
             if rec.request_id in line:
                 line.remove(rec.request_id)

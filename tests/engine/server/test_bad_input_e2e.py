@@ -139,3 +139,23 @@ def test_an_error_reply_carries_the_id_of_a_message_that_does_not_unpack(shared_
     client.sock.send_multipart(frames)
     reply = client.recv_for(4242, timeout_s=20)  # a reply with id None would time out here
     assert reply.op == "error" and reply.get("error")["code"] == "bad_message"
+
+
+def test_one_client_cannot_take_more_than_its_budget(start_server):
+    """Issue 14, per-client budgets: one client filling the queue starved the others."""
+    server = start_server(engine={"max_requests_per_client": 2})
+    greedy, other = server.client(), server.client()
+    held = []
+    for _ in range(2):
+        accepted = next(greedy.events(greedy.submit([256, 3, 4], max_new_tokens=1500, ignore_eos=True)))
+        assert accepted.op == "accepted"
+        held.append(accepted.get("request_id"))
+    with pytest.raises(RemoteError) as err:
+        greedy.generate([256, 5], max_new_tokens=2, timeout_s=60)
+    assert err.value.code == "budget_exceeded"
+    assert "this client has 2 requests queued or running" in str(err.value)
+    assert "engine.max_requests_per_client = 2" in str(err.value)
+    assert len(other.generate([256, 5], max_new_tokens=2, ignore_eos=True, timeout_s=120)["token_ids"]) == 2
+    for rid in held:  # once its requests end, the client may submit again
+        greedy.cancel(rid)
+    assert len(greedy.generate([256, 5], max_new_tokens=2, ignore_eos=True, timeout_s=120)["token_ids"]) == 2

@@ -73,3 +73,25 @@ def test_ending_removes_it_from_every_line_and_old_records_are_forgotten():
     book.admit(_rec("r6", 6))  # 7 records > 2 * keep_done: the oldest ended go
     book.forget_old()
     assert len(book) == 2 and "r5" in book and "r6" in book and book.slot_owner(0) is None
+
+
+def test_budgets_count_live_requests_and_tokens_per_client():
+    from engine.errors import BudgetExceeded
+    from engine.server.request_book import RequestBook
+    from engine.server.request_record import Phase, RequestRecord
+
+    book = RequestBook()
+    recs = [RequestRecord(f"r{i}", i, "default", [1] * 10, {"max_new_tokens": 90}, b"c", i, budget_key="a")
+            for i in range(3)]
+    for rec in recs[:2]:
+        book.check_budget("a", rec.request_id, 100, 2, 1000)
+        book.admit(rec)
+    with pytest.raises(BudgetExceeded, match="this client has 2 requests"):
+        book.check_budget("a", "r2", 100, 2, 1000)
+    with pytest.raises(BudgetExceeded, match="would give this client 1,200 queued or running"):
+        book.check_budget("a", "r2", 1000, 5, 1000)
+    book.check_budget("b", "x", 100, 2, 1000)  # another client's budget is its own
+    book.end(recs[0], Phase.CANCELLED, "cancelled")
+    book.check_budget("a", "r2", 100, 2, 1000)  # the ended one no longer counts
+    book.end(recs[1], Phase.FINISHED, "length")
+    assert "a" not in book.live_requests and "a" not in book.live_tokens
