@@ -183,6 +183,10 @@ def load_config(path: str | Path | None = None) -> EngineConfig:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:  # found by bench/fuzz.py: tables or arrays nested thousands deep
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
+    except ValueError as exc:  # found by bench/fuzz.py: an integer past Python's 4,300 digits
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     model = data.get("model")
     if isinstance(model, dict) and model.get("path"):
         # A relative model path is relative to the config file, not to the caller's cwd.

@@ -101,7 +101,11 @@ class Batch:
 
 
 def _show(value, limit: int = 60) -> str:
-    text = repr(value)
+    """A short repr for an error message; never raises (a hostile value nests thousands deep)."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"<{type(value).__name__} nested too deeply to show>"
     return text if len(text) <= limit else text[:limit] + "…"
 
 

@@ -1,0 +1,118 @@
+"""Fuzz every parser that takes outside input for minutes, and count.
+
+    python bench/fuzz.py [--seconds 60] [--targets control,http-body,...] [--out DIR] [--seed N]
+
+Each target (tests/fuzz/parsers.py) may only return or raise its documented error. Inputs are
+mutations (bit flips, byte insertions and deletions, splices, repeats, nesting) of a small
+corpus of valid inputs: a control message, KV-event frames, a completion body, the shipped
+config, the default model's config.json, and a snapshot's JSON. Anything else raised is a
+finding: its input is written to --out and it is counted by exception type and first line.
+Exit status 1 when anything was found. (A mutational fuzzer, not coverage-guided: atheris
+has no wheel for this Python here.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import msgpack  # noqa: E402
+
+from engine.config import DEFAULT_CONFIG_PATH, DEFAULT_MODEL_DIR  # noqa: E402
+from engine.wire.protocol import pack  # noqa: E402
+from tests.fuzz.parsers import TARGETS  # noqa: E402
+
+
+def corpus() -> dict[str, list[bytes]]:
+    submit = b"".join(bytes(f) for f in pack({"op": "submit", "id": 3, "prompt_ids": [256, 1, 2], "max_new_tokens": 4,
+                                              "params": {"temperature": 0.5}}))
+    kv = (0).to_bytes(8, "big") + msgpack.packb(
+        [1.7e9, [["BlockStored", [123, 456], None, [1, 2, 3, 4], 16, None, "GPU"], ["BlockRemoved", [123], "GPU"]],
+         None])
+    config_json = (DEFAULT_MODEL_DIR / "config.json").read_bytes()
+    body = b'{"prompt": "Repeat: abc", "max_tokens": 8, "temperature": 0, "stop": ["\\n"], "stream": false}'
+    return {"control": [submit], "control-msgpack": [submit], "kv-events": [kv], "http-body": [body],
+            "toml-config": [DEFAULT_CONFIG_PATH.read_bytes()], "config-json": [config_json],
+            "snapshot": [b'"a": 1', b'{"requests": [{"request_id": "r1", "phase": "queued"}], "alerts": []}']}
+
+
+def mutate(rng: random.Random, data: bytes, pool: list[bytes]) -> bytes:
+    b = bytearray(data)
+    for _ in range(rng.randint(1, 8)):
+        op = rng.randrange(7)
+        i = rng.randrange(len(b) + 1)
+        if op == 0 and b:
+            b[min(i, len(b) - 1)] ^= 1 << rng.randrange(8)
+        elif op == 1:
+            b[i:i] = bytes([rng.randrange(256)]) * rng.choice((1, 1, 2, 8, 64))
+        elif op == 2 and b:
+            del b[i:i + rng.randint(1, 16)]
+        elif op == 3:
+            other = rng.choice(pool)
+            j = rng.randrange(len(other) + 1)
+            b[i:i] = other[j:j + rng.randint(1, 64)]
+        elif op == 4 and b:
+            j = rng.randrange(len(b))
+            b[i:i] = b[j:j + rng.randint(1, 32)] * rng.randint(2, 50)
+        elif op == 5:
+            depth = rng.choice((10, 1000, 100_000))
+            b[i:i] = rng.choice((b"[", b"{\"a\":", b"\x91")) * depth
+        else:
+            b[i:i] = rng.choice((b"9" * 5000, b"-1", b"1e999", b"null", b"\"\\ud800\"", b"\xc1", b"\x00"))
+    return bytes(b)
+
+
+def fuzz(name: str, seconds: float, rng: random.Random, out: Path | None) -> dict:
+    target, seeds = TARGETS[name], corpus()[name]
+    pool, findings, runs = list(seeds), collections.Counter(), 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        data = mutate(rng, rng.choice(pool), pool)
+        runs += 1
+        try:
+            target(data)
+        except Exception as exc:  # noqa: BLE001 - a finding
+            key = f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
+            if key not in findings and out is not None:
+                out.mkdir(parents=True, exist_ok=True)
+                (out / f"{name}-{len(findings)}.bin").write_bytes(data)
+                (out / f"{name}-{len(findings)}.txt").write_text(traceback.format_exc())
+            findings[key] += 1
+        else:
+            if len(pool) < 256 and rng.random() < 0.01:
+                pool.append(data)  # keep some inputs that parsed, to go further from them
+    return {"target": name, "runs": runs, "findings": sum(findings.values()), "distinct": dict(findings)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=60.0, help="per target")
+    p.add_argument("--targets", default=",".join(TARGETS))
+    p.add_argument("--out", type=Path, help="write each distinct finding's input and traceback here")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+    names = [t for t in args.targets.split(",") if t]
+    unknown = [t for t in names if t not in TARGETS]
+    if unknown:
+        p.error(f"unknown targets {unknown}; known: {', '.join(TARGETS)}")
+    rng = random.Random(args.seed)
+    print(f"| target | executions | findings | distinct |\n|---|---:|---:|---|")
+    found = 0
+    for name in names:
+        r = fuzz(name, args.seconds, rng, args.out)
+        found += r["findings"]
+        distinct = "; ".join(f"{k} ({n})" for k, n in r["distinct"].items()) or "none"
+        print(f"| {name} | {r['runs']:,} | {r['findings']:,} | {distinct} |", flush=True)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
