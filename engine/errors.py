@@ -124,6 +124,12 @@ class NoWorker(PageWardenError):
     code = "no_worker"
 
 
+class WorkerStartFailed(PageWardenError):
+    """A worker ended before it was ever ready (serve says so instead of printing ready)."""
+
+    code = "worker_start_failed"
+
+
 class Cancelled(PageWardenError):
     """The client cancelled the request."""
 

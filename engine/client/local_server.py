@@ -55,11 +55,13 @@ class LocalServer:
                 env={**os.environ, PARENT_ENV: str(os.getpid())},  # it dies with this process
             )
         line = self.proc.stdout.readline()
-        if not line:
+        ready = json.loads(line) if line.strip() else {}
+        if not ready.get("ready"):  # no line, or serve's JSON error line
             self.proc.wait()
             self.proc.stdout.close()
-            raise RuntimeError(f"serve did not start: {self.log_path.read_text()}")
-        self.ready = json.loads(line)
+            why = ready.get("error", {}).get("message") if isinstance(ready.get("error"), dict) else None
+            raise RuntimeError(f"serve did not start: {why or self.log_path.read_text()}")
+        self.ready = ready
         self.control, self.telemetry = self.ready["control"], self.ready["telemetry"]
         self._clients: list[EngineClient] = []
 

@@ -62,6 +62,11 @@ def cmd_serve(args) -> int:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     supervisor.start_workers()
+    try:
+        supervisor.wait_started()  # "ready" means ready: a worker that cannot start is an error here
+    except PageWardenError as exc:
+        supervisor.shutdown()
+        return fail(args, exc)
     for finding in supervisor.findings:
         if finding.exceeds:
             print(f"WARNING: {finding.message()}", file=sys.stderr)

@@ -20,7 +20,7 @@ import zmq
 
 from engine.capacity import check_capacity, exceeding
 from engine.config import EngineConfig
-from engine.errors import ConfigError, NoWorker, PageWardenError, WorkerCrashed, WorkerStopped
+from engine.errors import ConfigError, NoWorker, PageWardenError, WorkerCrashed, WorkerStartFailed, WorkerStopped
 from engine.guard.canaries import CanaryBook
 from engine.guard.read_log import ReadLog
 from engine.model.config import read_model_config
@@ -140,6 +140,23 @@ class Supervisor:
     def start_workers(self) -> None:
         self.workers.start_all()
         self.publish_capacity()
+
+    def wait_started(self, timeout_s: float = 600.0) -> None:
+        """Serve until every worker said hello. Raises WorkerStartFailed naming the worker,
+        why it ended and its log's last lines when one crashed before it was ever ready
+        (unloadable weights, a pool too big for the device), or when time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while not all(w.state == WorkerState.READY for w in self.workers.values()):
+            if self.stopping:
+                raise WorkerStartFailed("stopped before the workers were ready")
+            failed = next((w for w in self.workers.values() if w.crashes_in_a_row and not w.ready_at), None)
+            if failed is not None:
+                raise WorkerStartFailed(f"worker {failed.name} could not start: {failed.reason}\n"
+                                        f"{failed.log_tail(12)}")
+            if time.monotonic() > deadline:
+                states = ", ".join(f"{w.name} {w.state.value}" for w in self.workers.values())
+                raise WorkerStartFailed(f"the workers were not ready within {timeout_s:.0f} s ({states})")
+            self.poll_once(50)
 
     def run(self, *, until=None) -> None:
         """Serve until shutdown() is requested (or `until()` returns True)."""

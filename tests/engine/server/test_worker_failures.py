@@ -155,3 +155,24 @@ def test_killed_prefill_worker_is_noticed_too(start_server):
         "request"]["waiting_for"]
     client.start("prefill-0")
     assert len(_end(client, stream)["token_ids"]) == 3
+
+
+def test_serve_with_unloadable_weights_says_so_instead_of_ready(tmp_path):
+    """Issue 14, item 10: serve printed "ready" over workers that had crashed loading."""
+    import json
+    import shutil
+
+    from engine.client.local_server import LocalServer, write_config
+    from engine.config import TINY_RANDOM_MODEL_DIR
+
+    broken = tmp_path / "broken-model"  # its tensors do not match its config.json
+    shutil.copytree(TINY_RANDOM_MODEL_DIR, broken)
+    cfg = json.loads((broken / "config.json").read_text())
+    cfg["intermediate_size"] *= 2
+    (broken / "config.json").write_text(json.dumps(cfg))
+    config = write_config(tmp_path / "config.toml", model={"path": str(broken)})
+    with pytest.raises(RuntimeError) as err:
+        LocalServer(config)
+    message = str(err.value)
+    assert "serve did not start" in message and "could not start: exited with code" in message
+    assert "intermediate_size" in message or "shape" in message  # the worker's own reason, from its log
