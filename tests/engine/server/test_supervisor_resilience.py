@@ -4,6 +4,7 @@ other handler bug (answered, counted, alerted; the next message is served)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -35,9 +36,9 @@ def test_an_ownership_report_with_an_unwritten_page_and_a_canary_page(supervisor
     assert "canary-9" in alerts["ownership_violation"]["detail"]
 
 
-def test_a_handler_bug_is_answered_alerted_and_the_engine_keeps_serving(supervisor, monkeypatch, capfd):
-    sup = supervisor
-
+@contextlib.contextmanager
+def serving_with_a_broken_audit(sup, monkeypatch):
+    """The supervisor's loop in a thread, its `audit` handler raising KeyError (a bug)."""
     def broken(identity, msg):
         raise KeyError("a bug")
 
@@ -46,6 +47,15 @@ def test_a_handler_bug_is_answered_alerted_and_the_engine_keeps_serving(supervis
     pump = threading.Thread(target=lambda: sup.run(until=stop.is_set), daemon=True)
     pump.start()
     try:
+        yield
+    finally:
+        stop.set()
+        pump.join(10)
+
+
+def test_a_handler_bug_is_answered_alerted_and_the_engine_keeps_serving(supervisor, monkeypatch, capfd):
+    sup = supervisor
+    with serving_with_a_broken_audit(sup, monkeypatch):
         with EngineClient(sup.control_endpoint, timeout_s=30) as client:
             with pytest.raises(RemoteError) as caught:
                 client.audit("r1")
@@ -54,9 +64,6 @@ def test_a_handler_bug_is_answered_alerted_and_the_engine_keeps_serving(supervis
             alerts = client.status()["alerts"]  # a later op on the same socket is served
             assert [a["kind"] for a in alerts] == ["internal_error"]
             assert "KeyError: 'a bug'" in alerts[0]["detail"]
-    finally:
-        stop.set()
-        pump.join(10)
     assert sup.counters["internal_errors"] == 1
     assert "Traceback" in capfd.readouterr().err  # the traceback went to the engine log
 
@@ -66,24 +73,13 @@ def test_handler_bugs_from_many_senders_make_one_alert_and_keep_the_critical_one
     of them and pushed the real worker_crashed alert out."""
     sup = supervisor
     sup.alert("worker_crashed", "critical", "decode-0 killed", subject="decode-0", condition=True)
-
-    def broken(identity, msg):
-        raise KeyError("a bug")
-
-    monkeypatch.setattr(sup.ops, "op_audit", broken)
-    stop = threading.Event()
-    pump = threading.Thread(target=lambda: sup.run(until=stop.is_set), daemon=True)
-    pump.start()
-    try:
+    with serving_with_a_broken_audit(sup, monkeypatch):
         for i in range(1_100):
             with EngineClient(sup.control_endpoint, timeout_s=30) as client:  # a new identity each time
                 with pytest.raises(RemoteError):
                     client.audit("r1")
         with EngineClient(sup.control_endpoint, timeout_s=30) as client:
             alerts = {a["id"]: a for a in client.status()["alerts"]}
-    finally:
-        stop.set()
-        pump.join(10)
     assert set(alerts) == {"worker_crashed:decode-0", "internal_error:control:KeyError"}
     assert alerts["internal_error:control:KeyError"]["count"] == 1_100
 

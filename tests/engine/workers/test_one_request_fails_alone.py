@@ -85,6 +85,26 @@ def test_a_request_whose_decode_step_raises_fails_alone_and_the_batch_decodes_on
     assert eng.step() == []  # and the engine goes on
 
 
+@pytest.fixture
+def prefill_rig(tmp_path):
+    """A real PrefillWorker with the supervisor's side of its bus and a decode worker's KV
+    socket, both on ipc: (bus, kv, kv_endpoint, worker)."""
+    ctx = zmq.Context()
+    bus = ctx.socket(zmq.ROUTER)
+    bus.bind(f"ipc://{tmp_path}/bus")
+    kv = ctx.socket(zmq.PULL)
+    kv_endpoint = f"ipc://{tmp_path}/kv"
+    kv.bind(kv_endpoint)
+    worker = PrefillWorker("prefill-0", f"ipc://{tmp_path}/bus", "token", _config(), str(tmp_path))
+    try:
+        yield bus, kv, kv_endpoint, worker
+    finally:
+        worker.close()
+        bus.close(0)
+        kv.close(0)
+        ctx.term()
+
+
 def _config() -> EngineConfig:
     return EngineConfig().replace(model={"device": "cpu", "dtype": "float32"}, engine={"kernels": "torch"},
                                   canaries={"enabled": False})
@@ -103,81 +123,59 @@ def test_the_single_process_engine_fails_one_request_and_serves_the_rest(make_en
     assert eng.pool.used_pages == 0  # the failed request's pages came back too
 
 
-def test_a_prefill_worker_fails_one_request_and_ships_the_rest_of_its_batch(tmp_path, doomed_sampler):
-    ctx = zmq.Context()
-    bus = ctx.socket(zmq.ROUTER)
-    bus.bind(f"ipc://{tmp_path}/bus")
-    kv = ctx.socket(zmq.PULL)
-    kv_endpoint = f"ipc://{tmp_path}/kv"
-    kv.bind(kv_endpoint)
-    worker = PrefillWorker("prefill-0", f"ipc://{tmp_path}/bus", "token", _config(), str(tmp_path))
-    try:
-        free = worker.engine.pool.free_pages
-        for rid, slot, temperature in (("doomed", 1, DOOMED_TEMPERATURE), ("fine", 2, 0.0)):
-            prompt = [256, *range(40, 60)]
-            reservation = {"request_id": rid, "slot": slot, "epoch": slot, "tokens": len(prompt),
-                           "pages": [10 * slot, 10 * slot + 1], "page_epochs": [1, 1]}
-            worker.handle(Message({"op": "prefill", "request_id": rid, "slot": slot, "prompt_ids": prompt,
-                                   "params": {"max_new_tokens": 4, "temperature": temperature},
-                                   "target": {"endpoint": kv_endpoint, "reservation": reservation}}))
-        worker.work()  # one batch: both jobs
-        said = {}
-        while bus.poll(2000):
-            msg = unpack(bus.recv_multipart()[1:])
-            said.setdefault(msg.get("request_id"), []).append(msg)
-            if {"doomed", "fine"} <= said.keys():
-                break
-        doomed, fine = said["doomed"][0], said["fine"][0]
-        assert doomed.op == "prefill_failed" and doomed.get("error")["code"] == "sampling_failed"
-        assert "request doomed: no next token could be sampled" in doomed.get("error")["message"]
-        assert fine.op == "prefilled" and fine.get("chunks") >= 1
-        assert kv.poll(2000)  # its pages went out
-        for _ in range(200):  # the send completes at once on ipc; bounded all the same
-            worker._release_shipped()
-            if not worker.shipping:
-                break
-            time.sleep(0.01)
-        assert worker.engine.pool.free_pages == free  # both requests' pages are back
-    finally:
-        worker.close()
-        bus.close(0)
-        kv.close(0)
-        ctx.term()
+def test_a_prefill_worker_fails_one_request_and_ships_the_rest_of_its_batch(prefill_rig, doomed_sampler):
+    bus, kv, kv_endpoint, worker = prefill_rig
+    free = worker.engine.pool.free_pages
+    for rid, slot, temperature in (("doomed", 1, DOOMED_TEMPERATURE), ("fine", 2, 0.0)):
+        prompt = [256, *range(40, 60)]
+        reservation = {"request_id": rid, "slot": slot, "epoch": slot, "tokens": len(prompt),
+                       "pages": [10 * slot, 10 * slot + 1], "page_epochs": [1, 1]}
+        worker.handle(Message({"op": "prefill", "request_id": rid, "slot": slot, "prompt_ids": prompt,
+                               "params": {"max_new_tokens": 4, "temperature": temperature},
+                               "target": {"endpoint": kv_endpoint, "reservation": reservation}}))
+    worker.work()  # one batch: both jobs
+    said = {}
+    while bus.poll(2000):
+        msg = unpack(bus.recv_multipart()[1:])
+        said.setdefault(msg.get("request_id"), []).append(msg)
+        if {"doomed", "fine"} <= said.keys():
+            break
+    doomed, fine = said["doomed"][0], said["fine"][0]
+    assert doomed.op == "prefill_failed" and doomed.get("error")["code"] == "sampling_failed"
+    assert "request doomed: no next token could be sampled" in doomed.get("error")["message"]
+    assert fine.op == "prefilled" and fine.get("chunks") >= 1
+    assert kv.poll(2000)  # its pages went out
+    for _ in range(200):  # the send completes at once on ipc; bounded all the same
+        worker._release_shipped()
+        if not worker.shipping:
+            break
+        time.sleep(0.01)
+    assert worker.engine.pool.free_pages == free  # both requests' pages are back
 
 
-def test_a_prefill_worker_whose_forward_pass_raises_for_one_prompt_ships_the_others(tmp_path, poisoned_forward):
-    ctx = zmq.Context()
-    bus = ctx.socket(zmq.ROUTER)
-    bus.bind(f"ipc://{tmp_path}/bus")
-    kv = ctx.socket(zmq.PULL)
-    kv_endpoint = f"ipc://{tmp_path}/kv"
-    kv.bind(kv_endpoint)
-    worker = PrefillWorker("prefill-0", f"ipc://{tmp_path}/bus", "token", _config(), str(tmp_path))
-    try:
-        free = worker.engine.pool.free_pages
-        for rid, slot, poison in (("fine-1", 1, []), ("doomed", 2, [POISON_TOKEN]), ("fine-2", 3, [])):
-            prompt = [256, *range(40, 50), *poison]
-            reservation = {"request_id": rid, "slot": slot, "epoch": slot, "tokens": len(prompt),
-                           "pages": [10 * slot], "page_epochs": [1]}
-            worker.handle(Message({"op": "prefill", "request_id": rid, "slot": slot, "prompt_ids": prompt,
-                                   "params": {"max_new_tokens": 4},
-                                   "target": {"endpoint": kv_endpoint, "reservation": reservation}}))
-        worker.work()  # one batch: the three jobs
-        said = {}
-        while len(said) < 3 and bus.poll(2000):
-            msg = unpack(bus.recv_multipart()[1:])
-            said[msg.get("request_id")] = msg
-        assert said["doomed"].op == "prefill_failed" and said["doomed"].get("error")["code"] == "request_failed"
-        assert said["fine-1"].op == "prefilled" and said["fine-2"].op == "prefilled"
-        for _ in range(200):
-            worker._release_shipped()
-            if not worker.shipping:
-                break
-            time.sleep(0.01)
-        assert worker.engine.pool.free_pages == free
-        worker.work()  # the worker goes on
-    finally:
-        worker.close()
-        bus.close(0)
-        kv.close(0)
-        ctx.term()
+
+def test_a_prefill_worker_whose_forward_pass_raises_for_one_prompt_ships_the_others(prefill_rig, poisoned_forward):
+    bus, kv, kv_endpoint, worker = prefill_rig
+    free = worker.engine.pool.free_pages
+    for rid, slot, poison in (("fine-1", 1, []), ("doomed", 2, [POISON_TOKEN]), ("fine-2", 3, [])):
+        prompt = [256, *range(40, 50), *poison]
+        reservation = {"request_id": rid, "slot": slot, "epoch": slot, "tokens": len(prompt),
+                       "pages": [10 * slot], "page_epochs": [1]}
+        worker.handle(Message({"op": "prefill", "request_id": rid, "slot": slot, "prompt_ids": prompt,
+                               "params": {"max_new_tokens": 4},
+                               "target": {"endpoint": kv_endpoint, "reservation": reservation}}))
+    worker.work()  # one batch: the three jobs
+    said = {}
+    while len(said) < 3 and bus.poll(2000):
+        msg = unpack(bus.recv_multipart()[1:])
+        said[msg.get("request_id")] = msg
+    assert said["doomed"].op == "prefill_failed" and said["doomed"].get("error")["code"] == "request_failed"
+    assert said["fine-1"].op == "prefilled" and said["fine-2"].op == "prefilled"
+    for _ in range(200):
+        worker._release_shipped()
+        if not worker.shipping:
+            break
+        time.sleep(0.01)
+    assert worker.engine.pool.free_pages == free
+    worker.work()  # the worker goes on
+
