@@ -7,8 +7,13 @@ mutations (bit flips, byte insertions and deletions, splices, repeats, nesting) 
 corpus of valid inputs: a control message, KV-event frames, a completion body, the shipped
 config, the default model's config.json, and a snapshot's JSON. Anything else raised is a
 finding: its input is written to --out and it is counted by exception type and first line.
-Exit status 1 when anything was found. (A mutational fuzzer, not coverage-guided: atheris
-has no wheel for this Python here.)
+Exit status 1 when anything was found.
+
+    python bench/fuzz.py --atheris [--seconds 60] [--targets ...]   # coverage-guided
+
+runs each target under atheris (libFuzzer for Python, `pip install atheris`; a bench-only
+tool, not a project dependency) in its own process, seeded with the same corpus, and reports
+its executions and whether it found a crash (the input is saved under --out).
 """
 
 from __future__ import annotations
@@ -92,12 +97,51 @@ def fuzz(name: str, seconds: float, rng: random.Random, out: Path | None) -> dic
     return {"target": name, "runs": runs, "findings": sum(findings.values()), "distinct": dict(findings)}
 
 
+def run_atheris(name: str, seconds: float, out: Path) -> dict:
+    """One target under atheris in a child process: (runs, findings) from libFuzzer's stats."""
+    import re
+    import subprocess
+    import tempfile
+
+    seeds = Path(tempfile.mkdtemp(prefix=f"fuzz-{name}-"))
+    for i, data in enumerate(corpus()[name]):
+        (seeds / f"seed-{i}").write_bytes(data)
+    out.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, __file__, "--atheris-child", name, f"-max_total_time={int(seconds)}",
+                           "-print_final_stats=1", f"-artifact_prefix={out}/{name}-", "-rss_limit_mb=4096",
+                           str(seeds)], capture_output=True, text=True, timeout=seconds + 300)
+    log = proc.stdout + proc.stderr
+    runs = re.search(r"stat::number_of_executed_units:\s*(\d+)", log)
+    crashed = proc.returncode != 0
+    first = next((line for line in log.splitlines() if "Uncaught Python exception" in line or "Error:" in line), "")
+    return {"target": name, "runs": int(runs.group(1)) if runs else 0, "findings": int(crashed),
+            "distinct": {first.strip()[:120] or f"exit {proc.returncode}": 1} if crashed else {}}
+
+
+def atheris_child(name: str, argv: list[str]) -> None:
+    import atheris
+
+    with atheris.instrument_imports():
+        import engine.adapters.kv_event_decode  # noqa: F401
+        import engine.config  # noqa: F401
+        import engine.http.openai_request  # noqa: F401
+        import engine.model.config  # noqa: F401
+        import engine.wire.protocol  # noqa: F401
+        import gui.snapshot.bundle  # noqa: F401
+    atheris.Setup([sys.argv[0], *argv], TARGETS[name])
+    atheris.Fuzz()
+
+
 def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--atheris-child":
+        atheris_child(sys.argv[2], sys.argv[3:])
+        return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=60.0, help="per target")
     p.add_argument("--targets", default=",".join(TARGETS))
     p.add_argument("--out", type=Path, help="write each distinct finding's input and traceback here")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--atheris", action="store_true", help="coverage-guided, with atheris (pip install atheris)")
     args = p.parse_args()
     names = [t for t in args.targets.split(",") if t]
     unknown = [t for t in names if t not in TARGETS]
@@ -107,7 +151,8 @@ def main() -> int:
     print(f"| target | executions | findings | distinct |\n|---|---:|---:|---|")
     found = 0
     for name in names:
-        r = fuzz(name, args.seconds, rng, args.out)
+        r = (run_atheris(name, args.seconds, args.out or Path("fuzz-findings")) if args.atheris
+             else fuzz(name, args.seconds, rng, args.out))
         found += r["findings"]
         distinct = "; ".join(f"{k} ({n})" for k, n in r["distinct"].items()) or "none"
         print(f"| {name} | {r['runs']:,} | {r['findings']:,} | {distinct} |", flush=True)
