@@ -69,6 +69,8 @@ class App:
 
     def host(self, config: str | None) -> None:
         extra = ["--allow-faults"] if getattr(self.args, "allow_faults", False) else []
+        if self.window.readonly:  # the server enforces it, not only the window (docs/SECURITY.md)
+            extra += ["--local-role", "viewer"]
         self.hosted = HostedEngine(config, extra, parent=self.window)
         self.hosted.ready.connect(lambda control, _tel: self.attach(control, hosted=True))
         self.hosted.failed.connect(self._hosted_failed)

@@ -95,3 +95,21 @@ def test_screenshot_flag_writes_a_png(tmp_path):
                           env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+
+
+def test_a_readonly_window_hosts_its_engine_with_the_viewer_role(qtbot, monkeypatch):
+    """Issue 14, item 8: --readonly is a role the server enforces, not a promise of the window."""
+    from gui.app import App
+    from gui.hosting import HostedEngine
+    from main import parse
+
+    monkeypatch.setattr(HostedEngine, "start", lambda self: None)
+    app = App(parse(["gui", "--readonly", "--theme", "dark"]))
+    qtbot.addWidget(app.window)
+    app.host(None)
+    extra = app.hosted.extra_args
+    assert extra[extra.index("--local-role") + 1] == "viewer"
+    writable = App(parse(["gui", "--theme", "dark"]))
+    qtbot.addWidget(writable.window)
+    writable.host(None)
+    assert "--local-role" not in writable.hosted.extra_args

@@ -74,3 +74,14 @@ def test_requests_belong_to_their_submitter(curve_server):
     assert mine.audit(rid)["request"]["request_id"] == rid  # its own
     assert admin.audit(rid)["request"]["request_id"] == rid  # an admin sees any
     assert admin.cancel(rid)["cancelled"] is True  # and may cancel any
+
+
+def test_without_curve_every_client_has_the_local_role(start_server):
+    server = start_server("--local-role", "viewer")
+    client = server.client()
+    assert client.status()["workers"]  # a viewer watches
+    for op, fields in (("submit", CALLS["submit"]), ("stop", {"worker": "decode-0"})):
+        with pytest.raises(RemoteError) as err:
+            client.call(op, timeout_s=60, **fields)
+        assert err.value.code == "forbidden" and "this client is a viewer" in str(err.value)
+    assert all(w["state"] == "ready" for w in client.status()["workers"])
