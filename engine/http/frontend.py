@@ -12,13 +12,16 @@ from engine.http.completions import HEADER_TIMEOUT_S, CompletionsApp
 from engine.http.engine_link import EngineLink
 
 START_TIMEOUT_S = 30.0
+MAX_CONNECTIONS = 256  # open HTTP connections at once; past it: 503 and closed
 
 
 class HttpFrontend:
     def __init__(self, control_endpoint: str, host: str = "127.0.0.1", port: int = 0, *,
-                 curve: tuple[bytes, bytes, bytes] | None = None, header_timeout_s: float = HEADER_TIMEOUT_S):
+                 curve: tuple[bytes, bytes, bytes] | None = None, header_timeout_s: float = HEADER_TIMEOUT_S,
+                 max_connections: int = MAX_CONNECTIONS):
         self.control_endpoint, self.host, self.port, self.curve = control_endpoint, host, port, curve
-        self.header_timeout_s = header_timeout_s
+        self.header_timeout_s, self.max_connections = header_timeout_s, max_connections
+        self.capped: CappedConnections | None = None
         self.url: str | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -60,14 +63,44 @@ class HttpFrontend:
         runner = web.AppRunner(CompletionsApp(link).build(), access_log=None, handle_signals=False,
                                handler_cancellation=True, keepalive_timeout=self.header_timeout_s)
         await runner.setup()
+        server = None
         try:
-            site = web.TCPSite(runner, self.host, self.port)
-            await site.start()
-            host, port = runner.addresses[0][:2]
+            self.capped = CappedConnections(runner.server, self.max_connections)
+            server = await self._loop.create_server(self.capped, self.host, self.port)
+            host, port = server.sockets[0].getsockname()[:2]
             self.port = port
             self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
             self._ready.set()
             await self._stop.wait()
         finally:
+            if server is not None:
+                server.close()
             await runner.cleanup()
             await link.close()
+
+
+class _Refuse(asyncio.Protocol):
+    """A connection past the cap: a 503 and closed, before any of its bytes are read."""
+
+    def connection_made(self, transport) -> None:
+        transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                        b"Connection: close\r\nContent-Length: " + str(len(_BUSY)).encode() + b"\r\n\r\n" + _BUSY)
+        transport.close()
+
+
+_BUSY = (b'{"error": {"message": "too many open connections to this server; try again later", '
+         b'"type": "server_error", "code": "too_many_connections"}}')
+
+
+class CappedConnections:
+    """aiohttp's protocol factory with a cap on open connections (each costs a handler, its
+    buffers and a timer): past it a new connection is answered 503 and closed, and counted."""
+
+    def __init__(self, server: web.Server, limit: int):
+        self.server, self.limit, self.refused = server, limit, 0
+
+    def __call__(self) -> asyncio.Protocol:
+        if len(self.server.connections) >= self.limit:
+            self.refused += 1
+            return _Refuse()
+        return self.server()

@@ -69,3 +69,42 @@ def test_leaked_fragment_needs_twelve_characters():
     assert leaked_fragment(marker, "noise " + marker[3:15] + " noise") == marker[3:15]
     assert leaked_fragment(marker, "noise " + marker[3:14] + " noise") is None
     assert leaked_fragment(marker, "\n" + marker + " river") == marker
+
+
+def test_connections_past_the_cap_get_503_and_are_closed():
+    """Issue 14, item 11: there was no connection cap (300 slow connections stayed open)."""
+    import socket
+    import time
+
+    from engine.http.frontend import HttpFrontend
+
+    frontend = HttpFrontend("tcp://127.0.0.1:9", max_connections=3)  # no engine needed to connect
+    url = frontend.start()
+    host, port = url.rsplit("/", 1)[-1].rsplit(":", 1)
+    held = []
+    try:
+        for _ in range(3):
+            held.append(socket.create_connection((host, int(port)), timeout=30))
+        for _ in range(500):  # until the server holds them (accepted on its own thread)
+            if len(frontend.capped.server.connections) == 3:
+                break
+            time.sleep(0.02)
+        extra = socket.create_connection((host, int(port)), timeout=30)
+        answer = extra.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503") and b"too_many_connections" in answer
+        assert extra.recv(1) == b""  # closed
+        extra.close()
+        assert frontend.capped.refused == 1
+        held.pop().close()
+        for _ in range(500):
+            if len(frontend.capped.server.connections) < 3:
+                break
+            time.sleep(0.02)
+        again = socket.create_connection((host, int(port)), timeout=30)
+        again.sendall(b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert again.recv(4096).startswith(b"HTTP/1.1 404")  # a free place is served again
+        again.close()
+    finally:
+        for sock in held:
+            sock.close()
+        frontend.stop()
