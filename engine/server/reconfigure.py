@@ -72,22 +72,16 @@ def worker_crashed(sup, name: str) -> None:
     if rollback is None or name not in rollback.waiting:
         return
     failed = sup.config
-    sup.config, sup.model_config, sup.findings = rollback.config, rollback.model_config, rollback.findings
     sup.rollback = None
-    sup.configure_canaries(sup.config.canaries)
-    wire = sup.config.to_dict()
-    sup.broadcast({"op": "configure", "engine": {k: v for k, v in wire["engine"].items() if k in LIVE_ENGINE_KEYS},
-                   "defences": wire["defences"], "faults": wire["faults"]})
-    for worker_name in needs_restart(failed, sup.config, sup.workers.values()):
-        if worker_name not in rollback.waiting:  # it came up with the new config: restart it with the old
-            sup.workers.drain(sup.workers[worker_name])
+    # the workers that came up with the new config restart with the old one; the crashed one
+    # is restarted by the restart policy, with the old one too
+    again = needs_restart(failed, rollback.config, sup.workers.values()) - rollback.waiting
+    wire = _take(sup, rollback.config, rollback.model_config, rollback.findings, again)
     sup.alert("reconfigure_rolled_back", "error",
               f"worker {name} crashed while starting with the new configuration "
               f"({sup.workers[name].reason}); the previous configuration is back and the workers "
               f"restart with it", subject="engine", worker=name)
     sup.audit.record("engine", "reconfigure_rolled_back", worker=name, config=wire)
-    sup.publish_capacity()
-    sup.publish_workers()
 
 
 def needs_restart(old, new, workers) -> set[str]:
@@ -106,16 +100,23 @@ def needs_restart(old, new, workers) -> set[str]:
 
 
 def _apply(sup, new, model, findings, restart: set[str]) -> None:
-    wire = new.to_dict()
-    live = {k: v for k, v in wire["engine"].items() if k in LIVE_ENGINE_KEYS}
     if restart:  # kept until every restarted worker said hello with the new config
         sup.rollback = Rollback(sup.config, sup.model_config, sup.findings, set(restart))
-    sup.config, sup.model_config = new, model
-    sup.findings = findings  # checked above against the same model: not computed again
-    sup.configure_canaries(new.canaries)
-    sup.broadcast({"op": "configure", "engine": live, "defences": wire["defences"], "faults": wire["faults"]})
+    wire = _take(sup, new, model, findings, restart)  # findings: checked against this model already
+    sup.audit.record("engine", "reconfigured", config=wire, restart=sorted(restart))
+
+
+def _take(sup, config, model, findings, restart: set[str]) -> dict:
+    """Make `config` the running one (an apply, or a rollback): live settings to the workers at
+    once, the `restart` workers drained (they restart when their last request ends). Returns
+    the config's dict."""
+    wire = config.to_dict()
+    sup.config, sup.model_config, sup.findings = config, model, findings
+    sup.configure_canaries(config.canaries)
+    sup.broadcast({"op": "configure", "engine": {k: v for k, v in wire["engine"].items() if k in LIVE_ENGINE_KEYS},
+                   "defences": wire["defences"], "faults": wire["faults"]})
     for name in restart:
-        sup.workers.drain(sup.workers[name])  # restarts when its last request ends
+        sup.workers.drain(sup.workers[name])
     sup.publish_capacity()
     sup.publish_workers()
-    sup.audit.record("engine", "reconfigured", config=wire, restart=sorted(restart))
+    return wire

@@ -196,8 +196,7 @@ class Supervisor:
                 self._internal_error(sock, identity, body, exc)
 
     def _internal_error(self, sock: zmq.Socket, identity: bytes, body, exc: Exception) -> None:
-        """Log the traceback, count it, raise an alert, answer the caller; keep serving."""
-
+        """A handler bug: reported (report_bug), the caller answered; the engine keeps serving."""
         where = "control" if sock is self.control else "bus"
         detail = self.report_bug(where, identity[:32].decode(errors="replace"), exc)
         if sock is self.control:
