@@ -11,9 +11,8 @@ from safetensors import safe_open
 from engine.errors import CheckpointError
 from engine.model.config import ModelConfig
 from engine.model.decoder import CausalDecoder
+from engine.model.precheck import INDEX_FILE, SINGLE_FILE  # the file names, declared once (torch-free)
 
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

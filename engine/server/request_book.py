@@ -87,7 +87,7 @@ class RequestBook:
             raise ValueError(f"request {rec.request_id!r} is already tracked")
         if rec.budget_key is not None:
             self.live_requests[rec.budget_key] += 1
-            self.live_tokens[rec.budget_key] += rec.prompt_len + int(rec.params.get("max_new_tokens", 0))
+            self.live_tokens[rec.budget_key] += rec.budget_tokens
         rec.phase = Phase.QUEUED
         self.records[rec.request_id] = rec
         self.by_slot[rec.slot] = rec.request_id
@@ -145,7 +145,7 @@ class RequestBook:
         if rec.budget_key is not None:
             key = rec.budget_key
             self.live_requests[key] -= 1
-            self.live_tokens[key] -= rec.prompt_len + int(rec.params.get("max_new_tokens", 0))
+            self.live_tokens[key] -= rec.budget_tokens
             if self.live_requests[key] <= 0:
                 del self.live_requests[key], self.live_tokens[key]  # a client that went is not kept
         for line in (self.queue, self.awaiting_prefill):

@@ -61,6 +61,11 @@ class RequestRecord:
         return len(self.prompt_ids)
 
     @property
+    def budget_tokens(self) -> int:
+        """What it counts against its client's token budget: prompt + max_new_tokens."""
+        return self.prompt_len + int(self.params.get("max_new_tokens", 0))
+
+    @property
     def prompt_hash(self) -> str:
         """What telemetry and snapshots may say about a prompt: never its text."""
         data = b",".join(str(t).encode() for t in self.prompt_ids)
