@@ -1,7 +1,11 @@
-"""Train the default model: a small byte-level Llama that repeats its context.
+"""Train a copy model: a small byte-level Llama that repeats its context.
 
-    python resources/models/train_copy_model.py            # the committed recipe, ~29 min on 2 idle cores
     python resources/models/train_copy_model.py --out DIR [--data all] [--steps N] [--minutes M] [--seed S] ...
+
+The default model is no longer trained: build_copy_model.py computes weights that copy any
+bytes (issue 12). This script is kept for the comparison in bench/RESULTS.md: its default
+recipe (``--data lower``, 10,500 steps, 2 threads, ~29 min on 2 idle cores) made the previous
+default, which copied lowercase markers only.
 
 Task: the prompt is ``<s>{text}\\n\\nRepeat the text above exactly:\\n`` and the target
 completion is ``{text}</s>``. Texts are synthetic and generated on the fly (no downloads), as
@@ -384,7 +388,7 @@ def lr_at(progress: float, step: int, args) -> float:
 # ----------------------------------------------------------------------------- main
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=HERE / "pagewarden-copy")
+    p.add_argument("--out", type=Path, required=True, help="output directory (the default model is built, not trained)")
     p.add_argument("--minutes", type=float, default=None, help="wall-clock budget")
     p.add_argument("--steps", type=int, default=10500,
                    help="step budget (deterministic schedule); 0: schedule by --minutes (pilots only, not deterministic)")
