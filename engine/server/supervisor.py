@@ -31,7 +31,7 @@ from engine.server.audit import AuditLog
 from engine.server.metrics import MetricsWindow
 from engine.server.request_book import RequestBook
 from engine.server.request_record import Phase, RequestRecord
-from engine.server.telemetry import TelemetryPublisher
+from engine.server.telemetry import TelemetryPublisher, release_freed_memory
 from engine.server.worker_handle import WorkerHandle, WorkerState
 from engine.server.worker_pool import WorkerPool
 from engine.wire.protocol import CANARY_TENANT, ProtocolError, error_reply, message_id, pack, unpack
@@ -122,11 +122,10 @@ class Supervisor:
         curve = self.curve
         self.control = harden(self.ctx.socket(zmq.ROUTER), "control")
         opened.append(self.control)
-        self.pub = harden(self.ctx.socket(zmq.XPUB), "publisher")
+        self.pub = self._publisher()
         opened.append(self.pub)
         if curve is not None:
             curve.secure(self.control)
-            curve.secure(self.pub)
         self.control_endpoint = bind_endpoint(self.control, bind)
         self.telemetry_endpoint = bind_endpoint(self.pub, telemetry_bind or _next_port(bind, self.control_endpoint))
         self.bus = harden(self.ctx.socket(zmq.ROUTER), "bus")
@@ -135,6 +134,41 @@ class Supervisor:
         self.bus.setsockopt(zmq.ROUTER_HANDOVER, 0)
         self.bus_endpoint = f"ipc://{self.run_dir}/bus"
         self.bus.bind(self.bus_endpoint)
+
+    def _publisher(self) -> zmq.Socket:
+        pub = harden(self.ctx.socket(zmq.XPUB), "publisher")
+        if self.curve is not None:
+            self.curve.secure(pub)
+        return pub
+
+    def reset_publisher(self, give_up_s: float = 5.0) -> None:
+        """More distinct subscriptions than TelemetryPublisher.limit: libzmq holds each one and
+        cannot drop a single peer's, so close the publisher (freeing them all) and bind a new
+        one at the same endpoint. Subscribers reconnect and subscribe again by themselves
+        (they see a sequence gap); a peer that floods again is refused again. Alerts once per
+        reset (coalesced by the alert book)."""
+        refused = self.telemetry.refused_subscriptions
+        self.poller.unregister(self.pub)
+        self.pub.close(linger=0)
+        pub = self._publisher()
+        deadline = time.monotonic() + give_up_s
+        while True:  # the old listener is closed by libzmq's I/O thread, soon after close()
+            try:
+                pub.bind(self.telemetry_endpoint)
+                break
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                    pub.close(linger=0)
+                    raise
+                time.sleep(0.01)
+        self.pub = pub
+        self.poller.register(pub, zmq.POLLIN)
+        self.telemetry.replace(pub)
+        release_freed_memory()
+        self.alert("telemetry_subscriptions_capped", "warning",
+                   f"more than {self.telemetry.limit} distinct telemetry subscriptions ({refused} refused "
+                   f"in all): the publisher was reset; subscribers reconnect and see a sequence gap",
+                   subject="telemetry", refused=refused, resets=self.telemetry.resets)
 
     # ---- lifecycle --------------------------------------------------------------------
     def start_workers(self) -> None:
@@ -169,8 +203,13 @@ class Supervisor:
             self._drain(self.control, self.ops.handle)
         if self.bus in ready:
             self._drain(self.bus, self.events.handle)
-        if self.pub in ready and self.telemetry.drain_subscriptions():
-            self.broadcast({"op": "telemetry", "pages": self.telemetry.wants_pages()})
+        if self.pub in ready:
+            changed = self.telemetry.drain_subscriptions()
+            if self.telemetry.over_limit:
+                self.reset_publisher()
+                changed = True
+            if changed:
+                self.broadcast({"op": "telemetry", "pages": self.telemetry.wants_pages()})
         self.workers.watch()
         self.dispatch()
         self.fail_unplaced()

@@ -7,6 +7,7 @@ keyframe. Page telemetry is computed by the workers only while someone subscribe
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections import deque
 
@@ -16,6 +17,20 @@ from engine.wire.protocol import pack
 from engine.wire.sockets import drain
 
 RECENT_MESSAGES = 50_000
+# Distinct topics subscribed at once. libzmq keeps every subscription in a trie (~24 bytes
+# per byte of topic, topics are at most MAX_SUBSCRIPTION_FRAME long) and cannot drop one
+# peer's; past the limit the supervisor resets the publisher (Supervisor.reset_publisher):
+# ~3 MB at most. The app subscribes to a handful of topics (one per pool, plus ~8).
+MAX_SUBSCRIPTIONS = 256
+
+
+def release_freed_memory() -> None:
+    """Give freed heap pages back to the OS (glibc's malloc_trim), so that memory a reset
+    freed shows in RSS; a no-op where there is no glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _small(value) -> bool:
@@ -30,11 +45,15 @@ def _summary(arrays: dict | None) -> dict:
 
 
 class TelemetryPublisher:
-    def __init__(self, sock: zmq.Socket):
+    def __init__(self, sock: zmq.Socket, limit: int = MAX_SUBSCRIPTIONS):
         self.sock = sock
         self.seq: dict[str, int] = {}
         self.subscriptions: set[bytes] = set()
         self.bad_subscriptions = 0
+        self.limit = limit
+        self.refused_subscriptions = 0  # new topics past the limit
+        self.resets = 0  # times the publisher was replaced because of them
+        self.over_limit = False  # a topic was refused since the last reset: reset now
         # What was published, for incident snapshots: small headers whole, bulk frames
         # summarised (their array names and sizes). Kept whether or not anyone listens.
         self.recent: deque[dict] = deque(maxlen=RECENT_MESSAGES)
@@ -73,6 +92,10 @@ class TelemetryPublisher:
         for frames in drain(self.sock, copy=True):
             frame = frames[0]
             if frame[:1] == b"\x01":
+                if frame[1:] not in self.subscriptions and len(self.subscriptions) >= self.limit:
+                    self.refused_subscriptions += 1  # libzmq holds it already: only a reset frees it
+                    self.over_limit = True
+                    continue
                 self.subscriptions.add(frame[1:])
             elif frame[:1] == b"\x00":
                 self.subscriptions.discard(frame[1:])
@@ -80,12 +103,21 @@ class TelemetryPublisher:
                 self.bad_subscriptions += 1  # not a subscription: count and drop
         return self.wants_pages() != before
 
+    def replace(self, sock: zmq.Socket) -> None:
+        """Publish on a fresh socket (after a reset): no subscription is held until the
+        subscribers, reconnecting, send theirs again."""
+        self.sock = sock
+        self.subscriptions.clear()
+        self.over_limit = False
+        self.resets += 1
+
     def describe(self, limit: int = 64) -> dict:
         """For status: the topics someone subscribes to (a client can wait until its own
         subscription is live instead of sleeping), and the frames that were not one."""
         topics = sorted(t.decode(errors="replace")[:80] for t in self.subscriptions)
         return {"subscriptions": topics[:limit], "subscription_count": len(topics),
-                "bad_subscriptions": self.bad_subscriptions}
+                "subscription_limit": self.limit, "refused_subscriptions": self.refused_subscriptions,
+                "publisher_resets": self.resets, "bad_subscriptions": self.bad_subscriptions}
 
     def wants_pages(self) -> bool:
         return any(b"pages/".startswith(s) or s.startswith(b"pages") for s in self.subscriptions)

@@ -39,6 +39,8 @@ ALERT_KINDS = (
     AlertKind("reconfigure_rolled_back", "error", False, False,
               "a worker restarted for a reconfigure crashed before it was ready: the old config is back"),
     AlertKind("internal_error", "error", False, False, "the server failed to handle a message"),
+    AlertKind("telemetry_subscriptions_capped", "warning", False, False,
+              "more distinct telemetry subscriptions than the limit: the publisher was reset"),
     AlertKind("probe_error", "warning", False, False, "the app's black-box probe could not run a round"),
 )
 
