@@ -1,17 +1,22 @@
 """ReadLog: which requests read whose data, through which pages, when — and scoping.
 
 Decode workers report every cross-request read that really happened (their per-token
-provenance says whose content a read token held) and every I1 detection. The log keeps them
-bounded and answers `scope(since, until)`: the affected pairs, each with its pages and times.
+provenance says whose content a read token held) and every I1 detection. An incident makes
+millions of them, so the log keeps aggregates, not reads: per second, per (source, reader)
+pair, the pages, the first and last time and the count. That is what `scope(since, until)`
+answers (the affected pairs), resolved to the second: a second partly inside the window
+counts whole. At most `max_buckets` (second, pair) aggregates are kept, oldest dropped first
+and counted, so a scope reaching back before `complete_since` says it may be incomplete.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
-MAX_RECORDS = 200_000
+MAX_BUCKETS = 200_000
+BUCKET_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -25,36 +30,72 @@ class ReadRecord:
     page: int
 
 
+@dataclass
+class _Bucket:
+    source: str | None
+    reader: str
+    first: float
+    last: float
+    reads: int = 0
+    pages: set = field(default_factory=set)
+
+
 class ReadLog:
-    def __init__(self, max_records: int = MAX_RECORDS):
-        self.records: deque[ReadRecord] = deque(maxlen=max_records)
-        self.total = 0
+    def __init__(self, max_buckets: int = MAX_BUCKETS):
+        self.max_buckets = max_buckets
+        self.buckets: OrderedDict[tuple[int, int, int], _Bucket] = OrderedDict()
+        self.total = 0  # every read ever added
+        self.dropped_reads = 0  # reads in aggregates dropped for room
+        self.complete_since: float | None = None  # everything after this is kept (None: nothing dropped)
 
     def add(self, record: ReadRecord) -> None:
-        self.records.append(record)
         self.total += 1
+        key = (int(record.time // BUCKET_S), record.source_slot, record.reader_slot)
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            bucket = self.buckets[key] = _Bucket(record.source, record.reader, record.time, record.time)
+            if len(self.buckets) > self.max_buckets:
+                _, old = self.buckets.popitem(last=False)
+                self.dropped_reads += old.reads
+                self.complete_since = max(self.complete_since or old.last, old.last)
+        elif bucket.source is None and record.source is not None:
+            bucket.source = record.source  # the source became known
+        bucket.reads += 1
+        bucket.pages.add((record.pool, record.page))
+        if record.time < bucket.first:
+            bucket.first = record.time
+        elif record.time > bucket.last:
+            bucket.last = record.time
 
     def scope(self, since: float | None = None, until: float | None = None) -> list[dict]:
         """Affected pairs in [since, until]: who received data written by whom, through which
-        pages, first and last time. Sorted by (source, reader)."""
+        pages, first and last time, how many reads. Sorted by (source slot, reader slot)."""
         since = -1.0 if since is None else since
         until = time.time() + 1e9 if until is None else until
         pairs: dict[tuple, dict] = {}
-        for r in self.records:
-            if not since <= r.time <= until:
+        for (_, source_slot, reader_slot), b in self.buckets.items():
+            if b.last < since or b.first > until:
                 continue
-            key = (r.source_slot, r.reader_slot)
-            pair = pairs.get(key)
+            pair = pairs.get((source_slot, reader_slot))
             if pair is None:
-                pair = pairs[key] = {"source": r.source, "source_slot": r.source_slot, "reader": r.reader,
-                                     "reader_slot": r.reader_slot, "pages": set(), "first": r.time,
-                                     "last": r.time, "reads": 0}
-            pair["pages"].add((r.pool, r.page))
-            pair["first"], pair["last"] = min(pair["first"], r.time), max(pair["last"], r.time)
-            pair["reads"] += 1
+                pair = pairs[(source_slot, reader_slot)] = {
+                    "source": b.source, "source_slot": source_slot, "reader": b.reader, "reader_slot": reader_slot,
+                    "pages": set(), "first": b.first, "last": b.last, "reads": 0}
+            if pair["source"] is None:
+                pair["source"] = b.source
+            pair["pages"] |= b.pages
+            pair["first"], pair["last"] = min(pair["first"], b.first), max(pair["last"], b.last)
+            pair["reads"] += b.reads
         out = []
         for key in sorted(pairs):
             pair = pairs[key]
             pair["pages"] = [[pool, page] for pool, page in sorted(pair["pages"])]
             out.append(pair)
         return out
+
+    def incomplete_before(self, since: float | None) -> float | None:
+        """The time before which reads in a window starting at `since` were dropped (None: the
+        window is complete)."""
+        if self.complete_since is None or (since is not None and since > self.complete_since):
+            return None
+        return self.complete_since

@@ -252,7 +252,10 @@ class ControlOps:
         since = field_of(msg, "since", "float", default=None)
         until = field_of(msg, "until", "float", default=None)
         pairs = self.sup.reads.scope(since, until)
-        self._reply(identity, msg, {"pairs": pairs, "reads": self.sup.reads.total, "since": since, "until": until})
+        reads = self.sup.reads
+        self._reply(identity, msg, {"pairs": pairs, "reads": reads.total, "since": since, "until": until,
+                                    "incomplete_before": reads.incomplete_before(since),
+                                    "dropped_reads": reads.dropped_reads})
 
     def op_prompt_log(self, identity: bytes, msg: Message) -> None:
         since = field_of(msg, "since", "float", default=0.0)

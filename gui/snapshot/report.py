@@ -16,6 +16,7 @@ from collections import Counter
 from datetime import datetime, timezone
 from html import escape
 
+from engine.wire.alert_kinds import ISOLATION_KINDS
 from gui.snapshot.trace import request_spans
 
 PRIVACY = ("No prompt or output text is ever written, except canary markers (which are random and exist "
@@ -58,6 +59,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 .b-resolved,.b-finished,.b-no,.b-acknowledged{background:#23803f}
 .b-other{background:#7a7a80}
 .muted{color:#7a7a80}
+.warn{color:#b3261e;font-weight:600}
 .grid{display:flex;flex-wrap:wrap;gap:16px}
 .grid>div{flex:1 1 300px;min-width:0}
 figure{margin:0 0 12px}
@@ -148,14 +150,25 @@ def phase(request: dict) -> str:
     return ends[-1] if ends else value
 
 
+def crossed_alerts(state: dict) -> list[dict]:
+    """Isolation alerts that say data crossed and was not prevented."""
+    return [a for a in state.get("alerts") or []
+            if a.get("kind") in ISOLATION_KINDS and a.get("prevented") is False]
+
+
 def headline(state: dict) -> str:
-    """The one-sentence summary (plain text): how many responses were affected, and when."""
+    """The one-sentence summary (plain text): how many responses were affected, and when.
+    Never "nothing crossed" beside an alert that says data did."""
     pairs = (state.get("scope") or {}).get("pairs") or []
     readers = {p.get("reader") for p in pairs if p.get("reader") is not None}
     if not readers:
         window = state.get("window") or {}
-        return (f"No cross-request reads were recorded between {utc(window.get('since'))} "
-                f"and {utc(window.get('until'))}")
+        between = f"between {utc(window.get('since'))} and {utc(window.get('until'))}"
+        crossed = crossed_alerts(state)
+        if crossed:
+            return (f"{len(crossed)} isolation alert(s) say data crossed (not prevented), but no cross read "
+                    f"was logged {between}: export a wider window to scope them")
+        return f"No cross-request reads were recorded {between}"
     first = min((p["first"] for p in pairs if isinstance(p.get("first"), (int, float))), default=None)
     last = max((p["last"] for p in pairs if isinstance(p.get("last"), (int, float))), default=None)
     noun = "response" if len(readers) == 1 else "responses"
@@ -205,14 +218,25 @@ def _images(images: dict[str, bytes]) -> str:
 
 
 def _pairs(state: dict) -> str:
-    pairs = (state.get("scope") or {}).get("pairs") or []
+    scope = state.get("scope") or {}
+    pairs = scope.get("pairs") or []
     rows = [[_code(p.get("reader")), _code(p.get("source") if p.get("source") is not None
                                            else f"unknown (slot {p.get('source_slot')})"),
              ", ".join(f"{pool}:{page}" for pool, page in p.get("pages") or []),
              _time(p.get("first")), _time(p.get("last")), p.get("reads")] for p in pairs]
+    crossed = crossed_alerts(state)
+    if crossed:  # never "nothing crossed" beside an alert that says it did
+        empty = (f"No cross read was logged in this window, but {len(crossed)} isolation alert(s) say data "
+                 f"crossed and was not prevented (see Alerts): export a wider window to scope them.")
+    else:
+        empty = "No request read another request's data in this window."
+    note = ""
+    if scope.get("incomplete_before") is not None:
+        note = (f'<p class="warn">Incomplete: {scope.get("dropped_reads", 0):,} reads up to '
+                f"{_e(_time(scope['incomplete_before']))} were dropped for room; pairs before then may be "
+                f"missing.</p>")
     return _section("Affected pairs (reader received data written by source)",
-                    _table(["Reader", "Source", "Pages", "First", "Last", "Reads"], rows,
-                           "No request read another request's data in this window.", numeric=(5,)))
+                    note + _table(["Reader", "Source", "Pages", "First", "Last", "Reads"], rows, empty, numeric=(5,)))
 
 
 def _alerts(state: dict) -> str:

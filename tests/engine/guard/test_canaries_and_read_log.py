@@ -68,12 +68,38 @@ def test_scope_aggregates_pairs_with_pages_and_times_in_the_window():
 
 
 def test_the_read_log_is_bounded_but_counts_everything():
-    log = ReadLog(max_records=100)
-    for i in range(250):
+    log = ReadLog(max_buckets=100)
+    for i in range(250):  # one read per second: one aggregate each
         log.add(_read(float(i), "r", 1, "s", 2, page=i))
-    assert len(log.records) == 100 and log.total == 250
+    assert len(log.buckets) == 100 and log.total == 250 and log.dropped_reads == 150
     (pair,) = log.scope()
-    assert pair["reads"] == 100 and pair["first"] == 150.0  # the oldest records went first
+    assert pair["reads"] == 100 and pair["first"] == 150.0  # the oldest aggregates went first
+    assert log.incomplete_before(None) == 149.0 and log.incomplete_before(100.0) == 149.0
+    assert log.incomplete_before(149.5) is None
+
+
+def test_a_million_reads_of_an_incident_are_all_scoped():
+    """Issue 15: the log held the last 200,000 reads, so an incident's early reads were gone
+    before the snapshot. Aggregated per second and pair, a million reads fit and all count."""
+    log = ReadLog()
+    for i in range(1_000_000):  # 50 readers of 4 sources over 100 seconds, 8 pages each
+        reader, source = i % 50, i % 4
+        log.add(_read(1000.0 + i / 10_000, f"r{reader}", reader, f"s{source}", 100 + source, page=i % 8))
+    assert log.total == 1_000_000 and log.dropped_reads == 0 and log.incomplete_before(None) is None
+    pairs = log.scope()
+    assert sum(p["reads"] for p in pairs) == 1_000_000
+    assert len(pairs) == 100  # r_k reads s_(k mod 4) only: i = k (mod 50) fixes i mod 2
+    assert all(len(p["pages"]) == 2 for p in pairs)  # i mod 100 fixed: i mod 8 takes 2 values
+    windowed = log.scope(since=1050.0, until=1059.9999)
+    assert sum(p["reads"] for p in windowed) == 100_000
+
+
+def test_a_source_learned_later_names_the_pair():
+    log = ReadLog()
+    log.add(_read(5.0, "r1", 1, None, 7, page=1))
+    log.add(_read(5.5, "r1", 1, "victim", 7, page=2))
+    (pair,) = log.scope()
+    assert pair["source"] == "victim" and pair["reads"] == 2
 
 
 def test_scheduled_canaries_wait_while_two_are_still_running():

@@ -374,6 +374,20 @@ def test_the_headline_counts_distinct_readers():
     assert "affected between" not in html
 
 
+def test_the_report_never_says_nothing_crossed_beside_an_alert_that_says_it_did():
+    """Issue 15: a one-second window missed the incident's reads and the report said "no
+    request received another request's data" next to a NOT-prevented ownership_violation."""
+    state = make_state()
+    state["scope"]["pairs"] = []
+    assert escape("No request read another request's data") in _report(state)  # this alert: prevented
+    state["alerts"][0]["prevented"] = False
+    html = _report(state)
+    assert "No request read another request" not in html and "No cross-request reads were recorded" not in html
+    assert "1 isolation alert(s) say data crossed (not prevented)" in html
+    state["scope"].update(incomplete_before=T0 + 1.0, dropped_reads=1234)
+    assert "Incomplete: 1,234 reads up to" in _report(state)
+
+
 def test_empty_or_partial_documents_still_render():
     html = render_report({}, {"scope": {"pairs": [{"reader": "r9"}]}}, {})
     assert "1 response affected between" in html and "</html>" in html
