@@ -2,6 +2,8 @@
 
 x is seconds before now (0 at the right edge): pool usage % (one curve per pool),
 tokens/s, queue depth, TTFT p50 and time per output token p50. Colours follow the theme.
+Every y axis starts at 0 and reads in its own unit (no SI prefix: a queue of 0 once read
+"requests (x0.001)" from -200 to 200); the pool legend sits beside its plot, not on it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ PLOTS = {
 }
 GRID = {"pool_usage": (0, 0, 1, 2), "tokens_per_s": (1, 0, 1, 1), "queue_depth": (1, 1, 1, 1),
         "ttft_ms_p50": (2, 0, 1, 1), "tpot_ms_p50": (2, 1, 1, 1)}
+
+
+def y_top(values: np.ndarray, floor: float = 1.0) -> float:
+    """The top of a y range starting at 0: a little above the largest value, at least `floor`."""
+    finite = values[np.isfinite(values)] if len(values) else values
+    top = float(finite.max()) if len(finite) else 0.0
+    return max(floor, top * 1.1)
 
 
 class SecondsAgoAxis(pg.AxisItem):
@@ -57,13 +66,20 @@ class MetricsPlots(StateView, QWidget):
         self.curves: dict[str, pg.PlotDataItem] = {}  # series name, or "pool:<name>"
         for name, (title, unit) in PLOTS.items():
             row, col, rows, cols = GRID[name]
-            plot = self.graphics.addPlot(row=row, col=col, rowspan=rows, colspan=cols,
-                                         axisItems={"bottom": SecondsAgoAxis("bottom")})
+            if name == "pool_usage":  # its own row: the plot, then its legend beside it
+                top = self.graphics.addLayout(row=row, col=col, rowspan=rows, colspan=cols)
+                plot = top.addPlot(row=0, col=0, axisItems={"bottom": SecondsAgoAxis("bottom")})
+            else:
+                plot = self.graphics.addPlot(row=row, col=col, rowspan=rows, colspan=cols,
+                                             axisItems={"bottom": SecondsAgoAxis("bottom")})
             plot.setMenuEnabled(False)
             plot.setMouseEnabled(x=False, y=False)
             plot.hideButtons()
             plot.showGrid(x=True, y=True, alpha=0.2)
             plot.setXRange(-span_s, 0, padding=0)
+            plot.getAxis("left").enableAutoSIPrefix(False)
+            plot.enableAutoRange(axis="y", enable=False)  # refresh() sets 0..top
+            plot.setYRange(0, 1, padding=0)
             plot.setLabel("left", unit)
             if row != 1:  # the middle row shares its column's label below it
                 plot.setLabel("bottom", "seconds ago")
@@ -71,7 +87,8 @@ class MetricsPlots(StateView, QWidget):
             if name != "pool_usage":
                 self.curves[name] = plot.plot([], [])
         self.plots["pool_usage"].setYRange(0, 100, padding=0.02)
-        self.legend = self.plots["pool_usage"].addLegend(offset=(8, 4))
+        self.legend = pg.LegendItem()
+        top.addItem(self.legend, row=0, col=1)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.graphics)
@@ -90,11 +107,14 @@ class MetricsPlots(StateView, QWidget):
         now = time.monotonic() if now is None else now
         for name, series in self.state.metrics.items():
             if name in self.curves:
-                self.curves[name].setData(*series_xy(series, now, self.span_s))
+                x, y = series_xy(series, now, self.span_s)
+                self.curves[name].setData(x, y)
+                self.plots[name].setYRange(0, y_top(y), padding=0)
         for pool, series in sorted(self.state.pool_usage.items()):
             key = f"pool:{pool}"
             if key not in self.curves:
-                self.curves[key] = self.plots["pool_usage"].plot([], [], name=pool)
+                self.curves[key] = self.plots["pool_usage"].plot([], [])
+                self.legend.addItem(self.curves[key], pool)
                 self._apply_colors()
             self.curves[key].setData(*series_xy(series, now, self.span_s))
 

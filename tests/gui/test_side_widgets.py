@@ -333,6 +333,38 @@ def test_metrics_plots_curves_hold_the_recent_points(qtbot):
     assert plots.graphicsEffect() is None
 
 
+def test_metrics_axes_start_at_zero_in_their_unit_and_the_legend_is_off_the_curves(qtbot):
+    """Issue 15, item 8: a queue of 0 read "requests (x0.001)" from -200 to 200, and the pool
+    legend covered the plot and cut "prefill-0"."""
+    state = EngineState()
+    now = 1000.0
+    for k in range(30):
+        send(state, "metrics", at=now - 29 + k, tokens_per_s=0.0, queue_depth=0, ttft_ms_p50=None,
+             tpot_ms_p50=None, running=0, pools={"prefill-0": {"pages": 83, "used_pages": 80 - k},
+                                                 "decode-0": {"pages": 512, "used_pages": 500}})
+    plots = MetricsPlots(state, span_s=60.0)
+    qtbot.addWidget(plots)
+    plots.resize(1000, 600)
+    plots.show()
+    plots.refresh(now)
+    for name in ("queue_depth", "tokens_per_s", "ttft_ms_p50"):
+        low, high = plots.plots[name].viewRange()[1]
+        assert low == 0.0 and high >= 1.0, (name, low, high)
+        axis = plots.plots[name].getAxis("left")
+        assert axis.autoSIPrefixScale == 1.0 and "x0.001" not in axis.labelString(), axis.labelString()
+    send(state, "metrics", at=now + 1, tokens_per_s=5000.0, queue_depth=7, running=2, ttft_ms_p50=None,
+         tpot_ms_p50=None, pools={})
+    plots.refresh(now + 1)
+    assert plots.plots["queue_depth"].viewRange()[1][1] >= 7 and plots.plots["tokens_per_s"].viewRange()[1][1] >= 5000
+    assert plots.plots["tokens_per_s"].getAxis("left").autoSIPrefixScale == 1.0
+    names = [label.text for _sample, label in plots.legend.items]
+    assert names == ["decode-0", "prefill-0"]
+    box = plots.plots["pool_usage"].getViewBox()
+    view = box.mapRectToScene(box.boundingRect())
+    legend = plots.legend.mapRectToScene(plots.legend.boundingRect())
+    assert not view.intersects(legend), (view, legend)
+
+
 def test_status_line_reports_age_and_stale_transitions(qtbot):
     state = EngineState()
     line = StatusLine(state)
