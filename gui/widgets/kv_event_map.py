@@ -10,7 +10,7 @@ selected request is in the engine's map).
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QLabel, QSizePolicy, QWidget
+from PySide6.QtWidgets import QLabel, QWidget
 
 from gui import theme
 from gui.model.kv_event_map import KvEventMap, KvPool
@@ -36,9 +36,7 @@ class KvEventMapWidget(PageMapWidget):
         for label in self.findChildren(QLabel):
             if label.text() == "Colour by":
                 label.hide()
-        self.hover_label.setText(HINT)
-        # hashes are long: clip the line rather than widen the window (the tooltip has it all)
-        self.hover_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.hover_label.setText(HINT)  # an ElidedLabel: long hashes never widen the window
 
     @property
     def model(self) -> KvEventMap:

@@ -23,6 +23,7 @@ from gui.model.engine_state import EngineState
 from gui.model.page_colors import FREE, FREE_PAGE, LEVELS, MODES, QUARANTINED_PAGE, STATE_BASE, STATE_NAMES, PageColors
 from gui.model.page_grid import PageGrid, PoolImage
 from gui.model.selection import Selection
+from gui.widgets.elided_label import ElidedLabel
 from gui.widgets.state_view import StateView
 
 ROLE_ORDER = {"prefill": 0, "decode": 1}
@@ -130,7 +131,7 @@ class PageMapWidget(StateView, QWidget):
         self.mode_box.currentIndexChanged.connect(lambda i: self.set_color_mode(MODES[i]))
         self.legend = QLabel()
         self.legend.setTextFormat(Qt.RichText)
-        self.hover_label = QLabel("Hover a page for its owner; click it to select its request.")
+        self.hover_label = ElidedLabel("Hover a page for its owner; click it to select its request.")
         self.hover_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
 
         top = QHBoxLayout()

@@ -198,7 +198,7 @@ def test_blocks_fill_the_map_by_lineage_removals_free_gaps_replay_and_clear_empt
     point = cell_point(qtbot, window, GPU0, slot_of(window, GPU0, 12))
     with qtbot.waitSignal(view.page_hovered, timeout=5_000) as hovered:
         qtbot.mouseMove(view.graphics.viewport(), point)
-    assert f"hash {h(12)}" in hovered.args[0] and h(12) in view.hover_label.text()
+    assert f"hash {h(12)}" in hovered.args[0] and h(12) in view.hover_label.full_text()
     # a click highlights the lineage: B dims, A keeps its colour
     with qtbot.waitSignal(view.lineage_selected, timeout=5_000) as selected:
         qtbot.mouseClick(view.graphics.viewport(), Qt.MouseButton.LeftButton, pos=point)

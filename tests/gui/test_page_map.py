@@ -180,7 +180,29 @@ def test_hovering_a_cell_shows_its_description(widget, qtbot):
     with qtbot.waitSignal(widget.page_hovered, timeout=2000) as hovered:
         qtbot.mouseMove(widget.graphics.viewport(), cell_point(widget, "decode-0", 7))
     assert hovered.args[0] == widget.describe_page("decode-0", 7)
-    assert "request req-b" in widget.hover_label.text()
+    assert "request req-b" in widget.hover_label.full_text()
+
+
+def test_a_long_hover_line_is_elided_and_never_widens_the_window(qtbot, state):
+    """Issue 15, item 4: the hover line was not elided: the window grew 1,400 -> 1,543 px and
+    the maps moved under the pointer."""
+    from PySide6.QtWidgets import QMainWindow
+
+    window = QMainWindow()
+    qtbot.addWidget(window)
+    window.setCentralWidget(PageMapWidget(state, theme_name="dark"))
+    window.resize(700, 500)
+    window.show()
+    qtbot.waitExposed(window)
+    view = window.centralWidget()
+    long_line = "request req-b · tenant acme · " + " · ".join(f"field{i} value{i}" for i in range(60))
+    view.hover_label.setText(long_line)
+    qtbot.wait(50)
+    assert window.width() == 700
+    assert view.hover_label.full_text() == long_line and view.hover_label.toolTip() == long_line
+    shown = view.hover_label.text()
+    assert shown.endswith("…") and long_line.startswith(shown[:-1])
+    assert view.hover_label.fontMetrics().horizontalAdvance(shown) <= view.hover_label.width()
 
 
 # ---- selection ---------------------------------------------------------------------------
