@@ -70,23 +70,30 @@ def cmd_serve(args) -> int:
     for finding in supervisor.findings:
         if finding.exceeds:
             print(f"WARNING: {finding.message()}", file=sys.stderr)
+    http = metrics = None
     try:
         http = start_http(args, supervisor.control_endpoint)
+        metrics = start_http(args, supervisor.control_endpoint, only_metrics=True)
     except (OSError, ValueError, TimeoutError) as exc:
+        if http:
+            http.stop()
         supervisor.shutdown()
         return fail(args, exc)
     ready = {"ready": True, "control": supervisor.control_endpoint, "telemetry": supervisor.telemetry_endpoint,
-             "curve": curve is not None, "workers": list(supervisor.workers), "http": http and http.url}
+             "curve": curve is not None, "workers": list(supervisor.workers), "http": http and http.url,
+             "metrics": metrics and metrics.url}
     if args.json:
         print(json.dumps(ready), flush=True)
     else:
         print(f"PageWarden engine: control {supervisor.control_endpoint}, telemetry "
               f"{supervisor.telemetry_endpoint}, workers {', '.join(supervisor.workers)}"
-              + (f", HTTP {http.url} (no CURVE)" if http else ""), flush=True)
+              + (f", HTTP {http.url} (no CURVE)" if http else "")
+              + (f", metrics {metrics.url}/metrics" if metrics else ""), flush=True)
     try:
         supervisor.run()
     finally:
-        if http:
-            http.stop()
+        for front in (http, metrics):
+            if front:
+                front.stop()
         supervisor.shutdown()
     return EXIT_OK

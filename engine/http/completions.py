@@ -19,6 +19,7 @@ from aiohttp import web
 
 from engine.http.engine_link import EngineError, EngineLink
 from engine.http.openai_request import CompletionRequest, HttpError, parse_completion
+from engine.http.prometheus_text import metrics_handler
 from engine.http.stop_filter import StopFilter
 
 MAX_BODY_BYTES = 32 << 20  # a prompt of 2 Mi token ids as JSON
@@ -66,6 +67,7 @@ class CompletionsApp:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors_as_json])
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", metrics_handler(self.link))
         return app
 
     # ---- /v1/models -------------------------------------------------------------------

@@ -16,6 +16,10 @@ def add_http_args(parser) -> None:
     parser.add_argument("--http-port", type=int, metavar="N",
                         help="also serve the OpenAI-compatible API (/v1/completions, /v1/models) on port N "
                         "(0: any free port; the --json ready line gains 'http' with the URL)")
+    parser.add_argument("--metrics-port", type=int, metavar="N",
+                        help="serve Prometheus metrics (GET /metrics) alone on port N, on --http-host "
+                        "(0: any free port; the --json ready line gains 'metrics'). With --http-port, "
+                        "/metrics is on that port too")
     parser.add_argument("--http-host", default="127.0.0.1",
                         help="address for --http-port (default 127.0.0.1). HTTP has no CURVE: no encryption, "
                         "no client authentication; a non-loopback host is refused without --http-allow-remote")
@@ -26,20 +30,25 @@ def add_http_args(parser) -> None:
 
 def check_http_args(args) -> None:
     """Raises ValueError naming the value and the limit for a bad port or a refused host."""
-    if args.http_port is None:
+    ports = [(flag, value) for flag, value in (("--http-port", args.http_port),
+                                               ("--metrics-port", getattr(args, "metrics_port", None)))
+             if value is not None]
+    if not ports:
         return
-    if not 0 <= args.http_port <= MAX_PORT:
-        raise ValueError(f"--http-port {args.http_port} is outside 0..{MAX_PORT} (0 picks a free port)")
+    for flag, value in ports:
+        if not 0 <= value <= MAX_PORT:
+            raise ValueError(f"{flag} {value} is outside 0..{MAX_PORT} (0 picks a free port)")
     if not is_loopback_host(args.http_host) and not args.http_allow_remote:
         raise ValueError(f"--http-host {args.http_host} is not a loopback address and HTTP has no CURVE "
                          "(no encryption, no client authentication); pass --http-allow-remote to serve it anyway")
 
 
-def start_http(args, control_endpoint: str):
-    """The running HttpFrontend for `serve`'s flags, or None without --http-port. With
-    --curve the frontend is a CURVE client with DIR/clients/client.key_secret.
-    Raises OSError (port taken) or ValueError (keys)."""
-    if args.http_port is None:
+def start_http(args, control_endpoint: str, *, only_metrics: bool = False):
+    """The running HttpFrontend for `serve`'s flags (--http-port; with only_metrics,
+    --metrics-port), or None without that flag. With --curve the frontend is a CURVE client
+    with DIR/clients/client.key_secret. Raises OSError (port taken) or ValueError (keys)."""
+    port = getattr(args, "metrics_port", None) if only_metrics else args.http_port
+    if port is None:
         return None
     from engine.http.frontend import HttpFrontend
 
@@ -50,6 +59,6 @@ def start_http(args, control_endpoint: str):
         from engine.wire.curve import load_client_keys, load_public_key
 
         curve = (load_public_key(Path(args.keys) / "server.key"), *load_client_keys(args.keys))
-    frontend = HttpFrontend(control_endpoint, args.http_host, args.http_port, curve=curve)
+    frontend = HttpFrontend(control_endpoint, args.http_host, port, curve=curve, only_metrics=only_metrics)
     frontend.start()
     return frontend

@@ -213,6 +213,8 @@ class ControlOps:
             "capacity": [f.to_dict() for f in sup.findings],
             "counters": dict(sup.counters),
             "load": sup.load(),
+            "metrics": {**sup.metrics.snapshot(), **sup.metrics.totals()},
+            "cross_reads": {"total": sup.reads.total, "dropped": sup.reads.dropped_reads},
             "telemetry_seq": dict(sup.telemetry.seq),
             "telemetry": sup.telemetry.describe(),
             "canaries": sup.canaries.describe(),

@@ -1,12 +1,40 @@
-"""MetricsWindow: the numbers of the `metrics` topic, over a sliding window."""
+"""MetricsWindow: the numbers of the `metrics` topic, over a sliding window, and the
+totals since start that Prometheus scrapes (tokens, TTFT and time-per-output-token
+histograms: cumulative, as Prometheus expects)."""
 
 from __future__ import annotations
 
+import bisect
 import statistics
 import time
 from collections import deque
 
 WINDOW_S = 10.0
+TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Histogram:
+    """Counts per upper bound since start (the last bucket is +Inf), their sum and count."""
+
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def to_dict(self) -> dict:
+        """{"buckets": [[upper bound, cumulative count], ..., ["+Inf", count]], "sum", "count"}."""
+        buckets, running = [], 0
+        for bound, n in zip([*self.bounds, "+Inf"], self.counts):
+            running += n
+            buckets.append([bound, running])
+        return {"buckets": buckets, "sum": self.sum, "count": self.count}
 
 
 class MetricsWindow:
@@ -15,15 +43,26 @@ class MetricsWindow:
         self.tokens: deque[tuple[float, int]] = deque()
         self.ttft: deque[tuple[float, float]] = deque()
         self.tpot: deque[tuple[float, float]] = deque()
+        self.tokens_total = 0
+        self.ttft_hist = Histogram(TTFT_BUCKETS_S)
+        self.tpot_hist = Histogram(TPOT_BUCKETS_S)
 
     def add_tokens(self, n: int, now: float | None = None) -> None:
         self.tokens.append((now or time.monotonic(), n))
+        self.tokens_total += n
 
     def add_ttft(self, seconds: float, now: float | None = None) -> None:
         self.ttft.append((now or time.monotonic(), seconds))
+        self.ttft_hist.observe(seconds)
 
     def add_tpot(self, seconds: float, now: float | None = None) -> None:
         self.tpot.append((now or time.monotonic(), seconds))
+        self.tpot_hist.observe(seconds)
+
+    def totals(self) -> dict:
+        """Since start: tokens generated, TTFT and per-request time-per-output-token histograms."""
+        return {"tokens_total": self.tokens_total, "ttft_seconds": self.ttft_hist.to_dict(),
+                "tpot_seconds": self.tpot_hist.to_dict()}
 
     def snapshot(self, now: float | None = None) -> dict:
         now = now or time.monotonic()
