@@ -3,7 +3,9 @@ an engine started with --allow-faults, in a red danger zone — the defences and
 
 Validate sends the changed keys; the engine answers with the capacity consequence and the
 workers that will restart (`show_result`). Apply is enabled only while the fields hold
-exactly the values that were validated; any edit disables it again.
+exactly the values that were validated; any edit disables it again. Input outside a field's
+range is shown as invalid (red, with the limit), never clamped to something else, and
+blocks Validate; applying a configuration whose capacity finding is ✗ asks first.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QLabel,
+    QMessageBox,
     QPushButton,
     QSpinBox,
     QTextBrowser,
@@ -35,6 +38,12 @@ PAGE_SIZES = [1 << i for i in range(11)]  # 1 .. 1024, the engine's range
 SCRUB_CHOICES = (("zero", "zero — default"), ("poison", "poison — NaN / sentinel fill"),
                  ("none", "none — measurement only: freed pages keep old data"))
 INT_MAX = (1 << 31) - 1
+# the valid range of each number field (the spin boxes accept 0 .. INT_MAX so that a value
+# out of range stays visible as typed and is refused with this message, not clamped)
+LIMITS = {"context_window": (1, INT_MAX), "max_batch": (1, 4096), "prefill_pages": (1, INT_MAX),
+          "decode_pages": (1, INT_MAX)}
+LABELS = {"context_window": "Context window", "max_batch": "Max batch", "prefill_pages": "Prefill pool",
+          "decode_pages": "Decode pool"}
 # flat key -> config path
 KEYS = {
     "context_window": ("engine", "context_window"), "page_size": ("engine", "page_size"),
@@ -72,9 +81,19 @@ def apply_enabled(validated: dict | None, values: dict, changes: dict, readonly:
     return not readonly and not refused and bool(changes) and validated == values
 
 
-def _spin(low: int, high: int) -> QSpinBox:
+def out_of_range(values: dict) -> dict[str, str]:
+    """field -> why, for every number outside LIMITS (naming the value and the limit)."""
+    problems = {}
+    for key, (low, high) in LIMITS.items():
+        value = values[key]
+        if not low <= value <= high:
+            problems[key] = f"{LABELS[key]} {value:,} is outside {low:,}..{high:,}"
+    return problems
+
+
+def _spin() -> QSpinBox:
     box = QSpinBox()
-    box.setRange(low, high)
+    box.setRange(0, INT_MAX)
     box.setGroupSeparatorShown(True)
     box.setAlignment(Qt.AlignRight)
     return box
@@ -105,16 +124,22 @@ class ReconfigureDialog(QDialog):
         self._validated: dict | None = None  # values the engine accepted
         self._refused = False  # strict capacity would refuse the validated values
 
-        self.context_window = _spin(1, INT_MAX)
+        self.confirm = self._ask  # (text) -> bool; tests replace it
+        self._exceeds: list[str] = []  # ✗ findings of the last validation
+        self.context_window = _spin()
         self.page_size = QComboBox()
         for size in PAGE_SIZES:
             self.page_size.addItem(f"{size} tokens", size)
-        self.max_batch = _spin(1, 4096)
+        self.max_batch = _spin()
         self.scrub_policy = QComboBox()
         for value, label in SCRUB_CHOICES:
             self.scrub_policy.addItem(label, value)
-        self.prefill_pages = _spin(1, INT_MAX)
-        self.decode_pages = _spin(1, INT_MAX)
+        self.prefill_pages = _spin()
+        self.decode_pages = _spin()
+        self.invalid_label = QLabel()
+        self.invalid_label.setWordWrap(True)
+        self.invalid_label.setStyleSheet(f"color: {theme.color('danger').name()}; font-weight: bold;")
+        self.invalid_label.hide()
         self.defence_boxes = {d.name: QCheckBox(d.label) for d in DEFENCES}
         self.fault_boxes = {f.name: QCheckBox(f.label) for f in FAULTS}
         self.check_writer_tags = self.defence_boxes["writer_tag_check"]
@@ -132,6 +157,7 @@ class ReconfigureDialog(QDialog):
         form.addRow("Scrub policy (I5)", self.scrub_policy)
         form.addRow("Prefill pool (pages)", _with_hint(self.prefill_pages, self.pool_hints["prefill"]))
         form.addRow("Decode pool (pages)", _with_hint(self.decode_pages, self.pool_hints["decode"]))
+        form.addRow(self.invalid_label)
         danger = QGroupBox("Danger zone: defences and faults")
         danger.setStyleSheet(f"QGroupBox {{ color: {theme.color('danger').name()}; font-weight: bold; }}")
         danger_layout = QVBoxLayout(danger)
@@ -217,7 +243,7 @@ class ReconfigureDialog(QDialog):
 
     # ---- validate / apply ------------------------------------------------------------------
     def validate(self) -> None:
-        if self._readonly:
+        if self._readonly or out_of_range(self.values()):
             return
         self._pending = self.values()
         self._validated = None
@@ -226,10 +252,16 @@ class ReconfigureDialog(QDialog):
         self.validate_requested.emit(self.changes())
 
     def apply(self) -> None:
-        if self.apply_button.isEnabled():
-            self.apply_button.setEnabled(False)  # one apply per validation
-            self.result_view.append("Applying…")
-            self.apply_requested.emit(self.changes())
+        if not self.apply_button.isEnabled():
+            return
+        if self._exceeds and not self.confirm(
+                "The validated configuration does not fit:\n\n" + "\n".join(f"✗ {m}" for m in self._exceeds)
+                + "\n\nApply it anyway?"):
+            self.result_view.append("Not applied.")
+            return
+        self.apply_button.setEnabled(False)  # one apply per validation
+        self.result_view.append("Applying…")
+        self.apply_requested.emit(self.changes())
 
     def show_result(self, result: dict) -> None:
         """The engine's reply to reconfigure: findings, exceeds, restart, config, applied."""
@@ -253,8 +285,10 @@ class ReconfigureDialog(QDialog):
             self._load(self.original)
             parts.append("<p><b>Applied.</b></p>")
             self._validated = None
+            self._exceeds = []
         elif result.get("valid"):
             self._validated = self._pending
+            self._exceeds = [str(f.get("message", "")) for f in findings if f.get("exceeds")]
         self._refused = refused
         self.result_view.setText("".join(parts))
         self._update_buttons()
@@ -279,8 +313,21 @@ class ReconfigureDialog(QDialog):
             hint.setStyleSheet(f"color: {theme.color('muted' if fits else 'danger').name()};")
         self._update_buttons()
 
+    def _ask(self, text: str) -> bool:
+        answer = QMessageBox.warning(self, "Apply a configuration that does not fit?", text,
+                                     QMessageBox.Apply | QMessageBox.Cancel, QMessageBox.Cancel)
+        return answer == QMessageBox.Apply
+
     def _update_buttons(self) -> None:
         values = self.values()
-        self.validate_button.setEnabled(not self._readonly)
+        problems = out_of_range(values)
+        for key in LIMITS:
+            field = getattr(self, key)
+            field.setStyleSheet(f"QSpinBox {{ border: 2px solid {theme.color('danger').name()}; }}"
+                                if key in problems else "")
+            field.setToolTip(problems.get(key, ""))
+        self.invalid_label.setText("; ".join(problems.values()) + (" — fix to validate." if problems else ""))
+        self.invalid_label.setVisible(bool(problems))
+        self.validate_button.setEnabled(not self._readonly and not problems)
         self.apply_button.setEnabled(apply_enabled(self._validated, values, changes_between(self.original, values),
                                                    self._readonly, self._refused))

@@ -120,6 +120,52 @@ def test_show_result_renders_findings_with_exceeding_ones_red_and_restarts(dialo
     assert dialog.apply_button.isEnabled()  # not strict: the operator may apply with the warning shown
 
 
+def test_out_of_range_input_is_shown_invalid_never_clamped(dialog):
+    """Issue 15, item 7: a window of 0 became 2,048 and a max batch of 0 became 16, silently."""
+    dialog.context_window.lineEdit().setText("0")
+    dialog.context_window.interpretText()
+    dialog.max_batch.setValue(5000)
+    values = dialog.values()
+    assert values["context_window"] == 0 and values["max_batch"] == 5000  # kept as typed
+    assert not dialog.invalid_label.isHidden()
+    assert "Context window 0 is outside 1..2,147,483,647" in dialog.invalid_label.text()
+    assert "Max batch 5,000 is outside 1..4,096" in dialog.invalid_label.text()
+    assert "Max batch 5,000" in dialog.max_batch.toolTip()
+    assert not dialog.validate_button.isEnabled() and not dialog.apply_button.isEnabled()
+    sent = []
+    dialog.validate_requested.connect(sent.append)
+    dialog.validate()
+    assert sent == []  # nothing out of range reaches the engine
+    dialog.context_window.setValue(4096)
+    dialog.max_batch.setValue(32)
+    assert dialog.invalid_label.isHidden() and dialog.validate_button.isEnabled()
+
+
+def test_applying_a_configuration_that_does_not_fit_asks_first(dialog, qtbot):
+    """Issue 15, item 7: a change whose capacity finding is ✗ was applied without a question."""
+    asked = []
+    answers = iter([False, True])
+    dialog.confirm = lambda text: asked.append(text) or next(answers)
+    applied = []
+    dialog.apply_requested.connect(applied.append)
+    dialog.prefill_pages.setValue(100)
+    dialog.validate()
+    dialog.show_result(reconfigure_reply(dialog.changes()))
+    assert dialog.apply_button.isEnabled()
+    dialog.apply_button.click()  # the operator cancels
+    assert len(asked) == 1 and "1,600 tokens" in asked[0] and applied == []
+    assert "Not applied" in dialog.result_view.toPlainText() and dialog.apply_button.isEnabled()
+    dialog.apply_button.click()  # and then confirms
+    assert len(asked) == 2 and applied == [{"pools": {"prefill": {"pages": 100}}}]
+    # a configuration that fits is applied without a question
+    dialog.show_result(reconfigure_reply(applied[0], applied=True))
+    dialog.prefill_pages.setValue(1024)
+    dialog.validate()
+    dialog.show_result(reconfigure_reply(dialog.changes()))
+    dialog.apply_button.click()
+    assert len(asked) == 2 and len(applied) == 2
+
+
 def test_strict_capacity_refusal_and_errors_keep_apply_disabled(qtbot):
     dlg = ReconfigureDialog(engine_state(BASE.replace(engine={"strict_capacity": True})))
     qtbot.addWidget(dlg)
