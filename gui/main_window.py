@@ -37,9 +37,12 @@ from gui.probe_view import ProbeMixin
 from gui.snapshot_view import SnapshotMixin
 from gui.theme import apply_theme
 from gui.widgets.alert_detail import AlertDetail
+from gui.widgets.alerts_badge import AlertsTabBadge
 from gui.widgets.alerts_table import AlertsTable
 from gui.widgets.capacity_banner import CapacityBanner
+from gui.widgets.crossing_banner import CrossingBanner
 from gui.widgets.metrics_plots import MetricsPlots
+from gui.widgets.notifier import Notifier
 from gui.widgets.page_map import PageMapWidget
 from gui.widgets.requests_table import RequestsTable
 from gui.widgets.snapshot_banner import SnapshotBanner
@@ -97,6 +100,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
     def _build_views(self) -> None:
         state = self.state
         self.banner = CapacityBanner(state)
+        self.crossing_banner = CrossingBanner(state)
         self.page_map = PageMapWidget(state)
         central = QWidget()
         layout = QVBoxLayout(central)
@@ -104,6 +108,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self.snapshot_banner = SnapshotBanner()
         self.snapshot_banner.close_requested.connect(self.close_snapshot)
         layout.addWidget(self.snapshot_banner)
+        layout.addWidget(self.crossing_banner)
         layout.addWidget(self.banner)
         layout.addWidget(self.page_map, 1)
         self.setCentralWidget(central)
@@ -119,8 +124,10 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         alerts.setStretchFactor(1, 2)
         bottom = QTabWidget()
         bottom.addTab(self.requests_table, "Requests")
-        bottom.addTab(alerts, "Alerts")
+        alerts_index = bottom.addTab(alerts, "Alerts")
         self.bottom_tabs = bottom
+        self.alerts_badge = AlertsTabBadge(state, bottom, alerts_index)
+        self.notifier = Notifier(state, self)
         self._dock("Requests and alerts", bottom, Qt.DockWidgetArea.BottomDockWidgetArea)
         self._dock("Workers", self.workers_panel, Qt.DockWidgetArea.RightDockWidgetArea)
         self._dock("Metrics", self.metrics, Qt.DockWidgetArea.RightDockWidgetArea)

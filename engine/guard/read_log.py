@@ -12,11 +12,13 @@ and counted, so a scope reaching back before `complete_since` says it may be inc
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 MAX_BUCKETS = 200_000
 BUCKET_S = 1.0
+MAX_PAIRS = 100_000  # distinct (source, reader) pairs remembered for "is this pair new?"
+RECENT_PAIRS = 50  # the newest new pairs, for status (the app's data-crossed banner)
 
 
 @dataclass(frozen=True)
@@ -47,9 +49,21 @@ class ReadLog:
         self.total = 0  # every read ever added
         self.dropped_reads = 0  # reads in aggregates dropped for room
         self.complete_since: float | None = None  # everything after this is kept (None: nothing dropped)
+        self.pairs_seen: set[tuple[int, int]] = set()  # (source slot, reader slot), at most MAX_PAIRS
+        self.pair_count = 0  # distinct pairs ever (the sequence number of the newest)
+        self.recent_pairs: deque[dict] = deque(maxlen=RECENT_PAIRS)
 
     def add(self, record: ReadRecord) -> None:
         self.total += 1
+        pair = (record.source_slot, record.reader_slot)
+        if pair not in self.pairs_seen:
+            if len(self.pairs_seen) >= MAX_PAIRS:
+                self.pairs_seen.clear()  # forget the oldest generation; a pair may count twice
+            self.pairs_seen.add(pair)
+            self.pair_count += 1
+            self.recent_pairs.append({"seq": self.pair_count, "time": record.time, "source": record.source,
+                                      "source_slot": record.source_slot, "reader": record.reader,
+                                      "reader_slot": record.reader_slot})
         key = (int(record.time // BUCKET_S), record.source_slot, record.reader_slot)
         bucket = self.buckets.get(key)
         if bucket is None:

@@ -203,7 +203,8 @@ class ControlOps:
                 "version": __version__, "control": sup.control_endpoint, "telemetry": sup.telemetry_endpoint,
                 "bus": sup.bus_endpoint,
                 "curve": sup.curve is not None, "allow_faults": sup.allow_faults,
-                "uptime_s": time.time() - sup.started_at, "hostname": socket.gethostname(),
+                "uptime_s": time.time() - sup.started_at, "started": sup.started_at,
+                "hostname": socket.gethostname(),
                 "time": time.time(), "monotonic": time.monotonic(),
                 "model": str(sup.config.model.resolved_path()), "architecture": sup.model_config.architecture,
                 "vocab_size": sup.model_config.vocab_size,
@@ -215,6 +216,7 @@ class ControlOps:
             "load": sup.load(),
             "metrics": {**sup.metrics.snapshot(), **sup.metrics.totals()},
             "cross_reads": {"total": sup.reads.total, "dropped": sup.reads.dropped_reads},
+            "crossings": self.crossings(),
             "telemetry_seq": dict(sup.telemetry.seq),
             "telemetry": sup.telemetry.describe(),
             "canaries": sup.canaries.describe(),
@@ -224,6 +226,19 @@ class ControlOps:
         else:
             del result["config"]
         self._reply(identity, msg, result)
+
+    def crossings(self) -> dict:
+        """Data that crossed between requests, for the app's banner: how many distinct (source,
+        reader) pairs so far, and the newest ones with their tenants."""
+        reads = self.sup.reads
+
+        def tenant(rid):
+            rec = self.sup.book.get(rid) if rid else None
+            return rec.tenant if rec is not None else None
+
+        recent = [{**p, "source_tenant": tenant(p["source"]), "reader_tenant": tenant(p["reader"])}
+                  for p in reads.recent_pairs]
+        return {"pairs": reads.pair_count, "reads": reads.total, "recent": recent}
 
     def fire_canary(self) -> RequestRecord:
         """Send one canary request now (tenant `canary`, a fresh random marker)."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from engine.client import PageMirror
 from engine.wire.protocol import Message
+from gui.model.crossings import Crossing, CrossingWatch
 from gui.model.events import Events
 from gui.model.selection import Selection
 
@@ -27,7 +28,7 @@ METRIC_SERIES = ("tokens_per_s", "ttft_ms_p50", "tpot_ms_p50", "queue_depth", "r
 # frame (every repaint: what depends on the clock alone); check_stale marks stale;
 # selection is emitted at once by `selection`.
 EVENTS = ("pages", "requests", "alerts", "workers", "capacity", "engine", "metrics", "connection", "stale",
-          "frame", "selection")
+          "frame", "selection", "crossings")
 
 
 @dataclass
@@ -94,6 +95,8 @@ class EngineState:
         self.request_of_slot: dict[int, str] = {}
         self.alerts: OrderedDict[str, AlertRow] = OrderedDict()
         self.new_alerts: list[AlertRow] = []  # newly firing since the window last looked
+        self.crossings = CrossingWatch()  # data that crossed between requests (status)
+        self.new_crossings: list[Crossing] = []  # pairs not announced yet
         self.workers: list[WorkerRow] = []
         self.capacity: list[dict] = []
         self.metrics: dict[str, deque] = {name: deque() for name in METRIC_SERIES}
@@ -151,6 +154,10 @@ class EngineState:
         self.workers = [WorkerRow.from_wire(w) for w in status.get("workers", [])]
         self.capacity = list(status.get("capacity", []))
         changed = {"workers", "capacity", "engine"}
+        if "crossings" in status:
+            epoch = (self.engine.get("control"), self.engine.get("started"))  # a restart counts anew
+            self.new_crossings += self.crossings.update(status["crossings"], engine_epoch=epoch)
+            changed.add("crossings")
         self.events.mark(*changed)
         return changed
 
@@ -244,6 +251,10 @@ class EngineState:
     def tenant_of_slot(self, slot: int) -> str | None:
         row = self.request_for_slot(slot)
         return row.tenant if row else None
+
+    def take_new_crossings(self) -> list[Crossing]:
+        new, self.new_crossings = self.new_crossings, []
+        return new
 
     def take_new_alerts(self) -> list[AlertRow]:
         new, self.new_alerts = self.new_alerts, []

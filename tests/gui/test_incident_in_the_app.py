@@ -75,6 +75,24 @@ def test_incident_placeholder_in_the_app(qtbot, tmp_path):
         assert pair["reader"] in readers and pair["source"]
         text = window.alert_detail.view.toPlainText()
         assert "affected pair" in text and pair["reader"] in text and pair["source"] in text
+        # issue 15, item 2: the data-crossed banner, the Alerts tab badge, a desktop notification
+        qtbot.waitUntil(lambda: window.crossing_banner.isVisible(), timeout=20_000)
+        banner = " ".join(window.crossing_banner.shown_lines())
+        assert "new pair(s) of requests" in banner and "received data of" in banner
+        assert any(title == "Data crossed between requests" for title, _ in window.notifier.sent)
+        assert "\u26a0" in window.bottom_tabs.tabText(1)
+        window.crossing_banner.ack_button.click()
+        window.refresh()  # the frame: every view following "crossings" repaints
+        assert not window.crossing_banner.isVisible() and "\u26a0" not in window.bottom_tabs.tabText(1)
+        pairs_before, sent_before = window.state.crossings.pairs, len(window.notifier.sent)
+        # a second leak while the alert is still firing: new pairs bring the banner back
+        run_workload(client, scenario.workload(rng, 0.5))
+        qtbot.waitUntil(lambda: window.crossing_banner.isVisible(), timeout=30_000)
+        assert window.state.crossings.pairs > pairs_before
+        assert len(window.notifier.sent) > sent_before or "(+" in window.notifier.sent[-1][1]
+        if os.environ.get("CROSSED_PNG"):
+            window.refresh()
+            window.grab().save(os.environ["CROSSED_PNG"])
         if os.environ.get("INCIDENT_PNG"):  # a picture for the docs, once the notifications faded
             qtbot.wait(7000)
             window.refresh()

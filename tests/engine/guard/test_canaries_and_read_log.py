@@ -136,3 +136,12 @@ def test_scenario_rows_name_the_defences_they_turn_off():
     assert [d for d, on in both.items() if not on] == ["manifest_check", "writer_tag_check"]
     with pytest.raises(ValueError, match="unknown defences \\['scrubbing'\\]"):
         defences_for("scrubbing off")
+
+
+def test_new_pairs_are_counted_once_with_the_newest_kept():
+    log = ReadLog()
+    log.add(_read(1.0, "r1", 1, "s1", 11, page=1))
+    log.add(_read(1.5, "r1", 1, "s1", 11, page=2))  # the same pair
+    log.add(_read(2.0, "r2", 2, "s1", 11, page=1))
+    assert log.pair_count == 2
+    assert [(p["seq"], p["reader"], p["source"]) for p in log.recent_pairs] == [(1, "r1", "s1"), (2, "r2", "s1")]

@@ -1,0 +1,95 @@
+"""CrossingWatch: has data crossed between requests since the operator last looked? (Qt-free)
+
+The engine counts distinct (source, reader) pairs whose data crossed and sends the newest in
+`status["crossings"]`. An alert that is already firing only grows its count when a second
+leak happens, so the window needs its own notion of "new": a pair the operator has not
+acknowledged. `update()` returns the pairs that are new since the last update (one
+notification each); the banner shows while any pair is unacknowledged, and `acknowledge()`
+clears it until the next new pair.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Crossing:
+    seq: int
+    time: float
+    source: str | None
+    reader: str | None
+    source_tenant: str | None
+    reader_tenant: str | None
+
+    def sentence(self) -> str:
+        def who(rid, tenant):
+            name = rid if rid is not None else "an unknown request"
+            return f"{name} (tenant {tenant})" if tenant else name
+
+        return f"{who(self.reader, self.reader_tenant)} received data of {who(self.source, self.source_tenant)}"
+
+
+class CrossingWatch:
+    def __init__(self):
+        self.pairs = 0  # distinct pairs the engine counted
+        self.reads = 0
+        self.acknowledged = 0  # pairs the operator has seen (a sequence number)
+        self.notified = 0  # pairs already announced
+        self.recent: list[Crossing] = []  # newest last
+        self.last_new_at: float | None = None  # wall-clock time of the newest pair
+        self.engine_epoch: object = None  # a new engine (restart): its counts start again
+
+    def update(self, crossings: dict | None, engine_epoch: object = None) -> list[Crossing]:
+        """Take one status' crossings; returns the pairs not announced before."""
+        if not isinstance(crossings, dict):
+            return []
+        if engine_epoch != self.engine_epoch:  # another engine (or a restart): counts begin at 0
+            self.engine_epoch = engine_epoch
+            self.pairs = self.acknowledged = self.notified = 0
+            self.recent = []
+        pairs = int(crossings.get("pairs") or 0)
+        self.reads = int(crossings.get("reads") or 0)
+        recent = []
+        for p in crossings.get("recent") or []:
+            try:
+                recent.append(Crossing(int(p["seq"]), float(p["time"]), p.get("source"), p.get("reader"),
+                                       p.get("source_tenant"), p.get("reader_tenant")))
+            except (KeyError, TypeError, ValueError):
+                continue  # a malformed entry is skipped, the count still holds
+        self.pairs, self.recent = max(self.pairs, pairs), recent
+        if recent:
+            self.last_new_at = max(c.time for c in recent)
+        new = [c for c in recent if c.seq > self.notified]
+        if self.pairs > self.notified and not new:  # more new pairs than the engine lists
+            new = recent[-1:]
+        self.notified = self.pairs
+        return new
+
+    @property
+    def unacknowledged(self) -> int:
+        return max(0, self.pairs - self.acknowledged)
+
+    def acknowledge(self) -> None:
+        self.acknowledged = self.pairs
+
+    def tenants(self) -> set[tuple[str, str]]:
+        """(reader tenant, source tenant) pairs among the recent crossings."""
+        return {(c.reader_tenant or "?", c.source_tenant or "?") for c in self.recent}
+
+    def lines(self, limit: int = 3) -> list[str]:
+        """The banner's text: counts, tenants, the newest pairs and when the last one came."""
+        if not self.unacknowledged:
+            return []
+        when = time.strftime("%H:%M:%S", time.localtime(self.last_new_at)) if self.last_new_at else "?"
+        new = self.unacknowledged
+        head = (f"{new:,} new pair(s) of requests since you last acknowledged ({self.pairs:,} in all, "
+                f"{self.reads:,} cross reads); last new pair at {when}")
+        tenants = sorted(self.tenants())
+        out = [head]
+        if tenants:
+            out.append("Tenants: " + ", ".join(f"{r} received {s}'s data" for r, s in tenants[:6])
+                       + (" …" if len(tenants) > 6 else ""))
+        out += [c.sentence() for c in reversed(self.recent[-limit:])]
+        return out
