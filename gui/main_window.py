@@ -41,6 +41,7 @@ from gui.widgets.alerts_badge import AlertsTabBadge
 from gui.widgets.alerts_table import AlertsTable
 from gui.widgets.capacity_banner import CapacityBanner
 from gui.widgets.crossing_banner import CrossingBanner
+from gui.widgets.faults_banner import FaultsBanner
 from gui.widgets.metrics_plots import MetricsPlots
 from gui.widgets.notifier import Notifier
 from gui.widgets.page_map import PageMapWidget
@@ -101,6 +102,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         state = self.state
         self.banner = CapacityBanner(state)
         self.crossing_banner = CrossingBanner(state)
+        self.faults_banner = FaultsBanner(state)
         self.page_map = PageMapWidget(state)
         central = QWidget()
         layout = QVBoxLayout(central)
@@ -110,6 +112,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         layout.addWidget(self.snapshot_banner)
         layout.addWidget(self.crossing_banner)
         layout.addWidget(self.banner)
+        layout.addWidget(self.faults_banner)
         layout.addWidget(self.page_map, 1)
         self.setCentralWidget(central)
         self.requests_table = RequestsTable(state)

@@ -4,7 +4,8 @@ crossed and for each alert kind that starts firing for the first time.
 Toasts vanish after seconds and a firing alert only grows its count, so an operator looking
 at another window could miss a second leak; this reaches them outside the window. Without a
 system tray (a headless session) the messages are still kept in `sent` and the in-window
-banner shows. At most one tray message per second: a burst is folded into one.
+banner shows. Every message goes to `sent`; the tray pops at most one per second, and the
+next one it pops says how many it held back.
 """
 
 from __future__ import annotations
@@ -60,15 +61,14 @@ class Notifier(StateView, QObject):
                             if alert.detail else alert.kind)
 
     def notify(self, title: str, text: str) -> None:
+        self.sent.append((title, text))
+        del self.sent[:-KEEP]
         now = time.monotonic()
-        if now - self._last_at < MIN_INTERVAL_S and self.sent:
-            self._folded += 1
-            title, text = self.sent[-1][0], f"{self.sent[-1][1]} (+{self._folded} more)"
-            self.sent[-1] = (title, text)
-        else:
-            self._folded = 0
-            self.sent.append((title, text))
-            del self.sent[:-KEEP]
+        if now - self._last_at < MIN_INTERVAL_S:
+            self._folded += 1  # held back: the next popup says so
+            return
+        if self._folded:
+            text, self._folded = f"{text} (and {self._folded} more notification(s))", 0
         self._last_at = now
         if self.tray is not None:
             self.tray.showMessage(title, text, QSystemTrayIcon.MessageIcon.Critical, 10_000)

@@ -414,3 +414,22 @@ def test_theme_switch_sets_palette_and_restyles_plots(qtbot, restore_theme):
     with pytest.raises(ValueError, match="not one of"):
         theme.apply_theme(app, "sepia")
 
+
+
+def test_the_faults_banner_names_every_defence_off_and_fault_on(qtbot):
+    from gui.widgets.faults_banner import FaultsBanner
+
+    state = EngineState()
+    banner = FaultsBanner(state)
+    qtbot.addWidget(banner)
+    config = EngineConfig().to_dict()
+    state.apply_status({"config": config})
+    banner.refresh()
+    assert banner.isHidden() and banner.shown_lines() == []  # every defence on, no fault
+    config["defences"].update(writer_tag_check=False, scrub=False)
+    config["faults"]["skip_scrub"] = True
+    state.apply_status({"config": config})
+    banner.refresh()
+    lines = banner.shown_lines()
+    assert not banner.isHidden() and lines[0].startswith("Defences OFF: Writer-tag check (I1)")
+    assert "Scrub (I5)" in lines[0] and lines[1] == "Faults ON: skip scrub"
