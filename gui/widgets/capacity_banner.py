@@ -6,11 +6,11 @@ hides on its own or on a click, only when a later capacity message says the wind
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout
+from PySide6.QtCore import Signal
 
 from gui import theme
 from gui.model.engine_state import EngineState
+from gui.widgets.banner import Banner
 from gui.widgets.state_view import StateView
 
 
@@ -35,37 +35,19 @@ def finding_line(finding: dict) -> str:
             f"cannot be served")
 
 
-class CapacityBanner(StateView, QFrame):
+class CapacityBanner(StateView, Banner):
     """Red banner over the window while state.exceeding_findings() is non-empty."""
 
     reconfigure_requested = Signal()
 
     def __init__(self, state: EngineState, parent=None):
-        super().__init__(parent)
+        super().__init__("capacityBanner", "<b>Capacity warning (I6)</b>", "Reconfigure…", parent)
         self.state = state
         self._readonly = False
-        self._shown_lines: list[str] = []
-        self.setObjectName("capacityBanner")
-        self.title = QLabel("<b>Capacity warning (I6)</b>")
-        self.lines = QLabel()
-        self.lines.setWordWrap(True)
-        self.lines.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.reconfigure_button = QPushButton("Reconfigure…")
+        self.reconfigure_button = self.button
         self.reconfigure_button.setToolTip("Change the context window or the pool sizes")
         self.reconfigure_button.clicked.connect(self.reconfigure_requested)
-        text = QVBoxLayout()
-        text.setSpacing(2)
-        text.addWidget(self.title)
-        text.addWidget(self.lines)
-        text.addStretch(1)
-        row = QHBoxLayout(self)
-        row.setContentsMargins(10, 6, 10, 6)
-        row.addLayout(text, 1)
-        row.addWidget(self.reconfigure_button, 0, Qt.AlignVCenter)
-        self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Maximum)
-        bg, fg = theme.color("danger_bg").name(), theme.color("danger_fg").name()
-        self.setStyleSheet(f"QFrame#capacityBanner {{ background: {bg}; border-radius: 4px; }}"
-                           f"QFrame#capacityBanner QLabel {{ color: {fg}; }}")
+        self.set_colors(theme.color("danger_bg").name(), theme.color("danger_fg").name())
         self.refresh()
 
     def follows(self) -> dict:
@@ -73,15 +55,8 @@ class CapacityBanner(StateView, QFrame):
 
     def refresh(self) -> None:
         """Re-read the findings; show one line per exceeding finding, or hide."""
-        lines = [finding_line(f) for f in self.state.exceeding_findings()]
-        if lines != self._shown_lines:
-            self._shown_lines = lines
-            self.lines.setText("\n".join(lines))
-        self.setVisible(bool(lines))
+        self.show_lines([finding_line(f) for f in self.state.exceeding_findings()])
         self.reconfigure_button.setEnabled(not self._readonly)
-
-    def shown_lines(self) -> list[str]:
-        return list(self._shown_lines)
 
     def set_readonly(self, readonly: bool) -> None:
         self._readonly = bool(readonly)

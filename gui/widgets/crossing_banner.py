@@ -9,48 +9,28 @@ what makes the second leak visible.)
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout
+from PySide6.QtCore import Signal
 
 from gui import theme
 from gui.model.engine_state import EngineState
+from gui.widgets.banner import Banner
 from gui.widgets.state_view import StateView
 
 
-class CrossingBanner(StateView, QFrame):
+class CrossingBanner(StateView, Banner):
     acknowledged = Signal()
 
     def __init__(self, state: EngineState, parent=None):
-        super().__init__(parent)
-        self.state = state
-        self._shown: list[str] = []
-        self.setObjectName("crossingBanner")
-        self.title = QLabel("<b>Data crossed between requests</b>")
-        self.lines = QLabel()
-        self.lines.setWordWrap(True)
-        self.lines.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.ack_button = QPushButton("Acknowledge")
+        super().__init__("crossingBanner", "<b>Data crossed between requests</b>", "Acknowledge", parent)
+        self.ack_button = self.button
         self.ack_button.setToolTip("Hide until the next new pair of requests")
         self.ack_button.clicked.connect(self.acknowledge)
-        text = QVBoxLayout()
-        text.setSpacing(2)
-        text.addWidget(self.title)
-        text.addWidget(self.lines)
-        row = QHBoxLayout(self)
-        row.setContentsMargins(10, 6, 10, 6)
-        row.addLayout(text, 1)
-        row.addWidget(self.ack_button, 0, Qt.AlignVCenter)
-        self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Maximum)
-        bg, fg = theme.color("danger_bg").name(), theme.color("danger_fg").name()
-        self.setStyleSheet(f"QFrame#crossingBanner {{ background: {bg}; border-radius: 4px; }}"
-                           f"QFrame#crossingBanner QLabel {{ color: {fg}; }}")
+        self.set_colors(theme.color("danger_bg").name(), theme.color("danger_fg").name())
+        self.state = state
         self.refresh()
 
     def follows(self) -> dict:
         return {"crossings": self.refresh}
-
-    def shown_lines(self) -> list[str]:
-        return list(self._shown)
 
     def acknowledge(self) -> None:
         self.state.crossings.acknowledge()
@@ -59,8 +39,4 @@ class CrossingBanner(StateView, QFrame):
         self.acknowledged.emit()
 
     def refresh(self) -> None:
-        lines = self.state.crossings.lines()
-        if lines != self._shown:
-            self._shown = lines
-            self.lines.setText("\n".join(lines))
-        self.setVisible(bool(lines))
+        self.show_lines(self.state.crossings.lines())

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout
+from PySide6.QtCore import Signal
 
 from gui import theme
+from gui.widgets.banner import Banner
 
 
 def _utc(t) -> str:
@@ -17,28 +17,13 @@ def _utc(t) -> str:
         return "an unknown time"
 
 
-class SnapshotBanner(QFrame):
+class SnapshotBanner(Banner):
     close_requested = Signal()
 
     def __init__(self, parent=None):
-        super().__init__(parent)
-        self.setObjectName("snapshotBanner")
-        self.title = QLabel()
-        self.title.setTextFormat(Qt.RichText)
-        self.lines = QLabel()
-        self.lines.setWordWrap(True)
-        self.lines.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.close_button = QPushButton("Close snapshot")
+        super().__init__("snapshotBanner", "", "Close snapshot", parent)
+        self.close_button = self.button
         self.close_button.clicked.connect(self.close_requested)
-        text = QVBoxLayout()
-        text.setSpacing(2)
-        text.addWidget(self.title)
-        text.addWidget(self.lines)
-        row = QHBoxLayout(self)
-        row.setContentsMargins(10, 6, 10, 6)
-        row.addLayout(text, 1)
-        row.addWidget(self.close_button, 0, Qt.AlignVCenter)
-        self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Maximum)
         self.verified = True
         self.hide()
 
@@ -55,9 +40,6 @@ class SnapshotBanner(QFrame):
             shown = warnings[:6] + ([f"… and {len(warnings) - 6} more"] if len(warnings) > 6 else [])
             lines.append("WARNING: this bundle does not verify against its manifest; it may have been "
                          "altered or damaged:\n  " + "\n  ".join(shown))
-        self.lines.setText("\n".join(lines))
         bg = theme.color("danger_bg").name() if warnings else "#1d4f91"  # red when it fails to verify
-        fg = theme.color("danger_fg").name()
-        self.setStyleSheet(f"QFrame#snapshotBanner {{ background: {bg}; border-radius: 4px; }}"
-                           f"QFrame#snapshotBanner QLabel {{ color: {fg}; }}")
-        self.show()
+        self.set_colors(bg, theme.color("danger_fg").name())
+        self.show_lines(lines)
