@@ -36,7 +36,6 @@ class CrossingWatch:
         self.pairs = 0  # distinct pairs the engine counted
         self.reads = 0
         self.acknowledged = 0  # pairs the operator has seen (a sequence number)
-        self.notified = 0  # pairs already announced
         self.recent: list[Crossing] = []  # newest last
         self.last_new_at: float | None = None  # wall-clock time of the newest pair
         self.engine_epoch: object = None  # a new engine (restart): its counts start again
@@ -47,7 +46,7 @@ class CrossingWatch:
             return []
         if engine_epoch != self.engine_epoch:  # another engine (or a restart): counts begin at 0
             self.engine_epoch = engine_epoch
-            self.pairs = self.acknowledged = self.notified = 0
+            self.pairs = self.acknowledged = 0
             self.recent = []
         pairs = int(crossings.get("pairs") or 0)
         self.reads = int(crossings.get("reads") or 0)
@@ -58,13 +57,13 @@ class CrossingWatch:
                                        p.get("source_tenant"), p.get("reader_tenant")))
             except (KeyError, TypeError, ValueError):
                 continue  # a malformed entry is skipped, the count still holds
+        announced = self.pairs  # every pair up to the last count was announced then
         self.pairs, self.recent = max(self.pairs, pairs), recent
         if recent:
             self.last_new_at = max(c.time for c in recent)
-        new = [c for c in recent if c.seq > self.notified]
-        if self.pairs > self.notified and not new:  # more new pairs than the engine lists
+        new = [c for c in recent if c.seq > announced]
+        if self.pairs > announced and not new:  # more new pairs than the engine lists
             new = recent[-1:]
-        self.notified = self.pairs
         return new
 
     @property
