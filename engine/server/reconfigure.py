@@ -92,7 +92,8 @@ def needs_restart(old, new, workers) -> set[str]:
     structural = engine_changed - LIVE_ENGINE_KEYS - SUPERVISOR_ENGINE_KEYS
     for worker in workers:
         if structural or new_d["model"] != old_d["model"] or new_d["audit"] != old_d["audit"] or \
-                new_d["pools"][worker.role] != old_d["pools"][worker.role]:
+                new_d["pools"][worker.role] != old_d["pools"][worker.role] or \
+                new_d["workers"]["threads"] != old_d["workers"]["threads"]:
             restart.add(worker.name)
     if any(new_d["workers"][role] != old_d["workers"][role] for role in ("prefill", "decode")):
         raise ConfigError("the number of workers cannot change while serving; restart the engine")

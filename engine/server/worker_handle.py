@@ -116,6 +116,7 @@ class WorkerHandle:
         return {
             "name": self.name, "role": self.role, "state": self.state.value, "pid": self.pid,
             "device": self.info.get("device"), "kernels": self.info.get("kernels"),
+            "threads": self.info.get("threads"),
             "pool": {
                 "name": pool.get("name", self.name), "pages": pool.get("pages"),
                 "page_size": pool.get("page_size"), "used_pages": self.stats.get("used_pages"),

@@ -7,6 +7,7 @@ import os
 import time
 from collections import deque
 
+import torch
 import zmq
 
 from engine.config import EngineConfig
@@ -51,7 +52,7 @@ class WorkerLoop:
         pool = self.engine.pool
         return {
             "op": "hello", "name": self.name, "role": self.role, "pid": os.getpid(), "token": self.token,
-            "device": str(pool.device), "kernels": self.engine.kernels.name,
+            "device": str(pool.device), "kernels": self.engine.kernels.name, "threads": torch.get_num_threads(),
             "pool": {"name": pool.name, "pages": pool.num_pages, "page_size": pool.page_size,
                      "bytes_per_page": pool.layout.bytes_per_page},
         }

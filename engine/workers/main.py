@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     from engine.config import config_from_dict
 
     config = config_from_dict(json.loads(args.config_json), source=f"worker {args.name}")
+    import torch
+
+    torch.set_num_threads(config.workers.threads_per_worker(len(os.sched_getaffinity(0))))
     if args.role == "prefill":
         from engine.workers.prefill import PrefillWorker as Worker
     else:

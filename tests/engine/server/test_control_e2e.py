@@ -3,6 +3,9 @@ live settings and drains-and-restarts workers for structural ones."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from engine.client import RemoteError
@@ -56,6 +59,18 @@ def test_reconfigure_validates_reports_and_applies(start_server):
     assert next(w for w in status["workers"] if w["name"] == "prefill-0")["pid"] == pids["prefill-0"]
     done = client.generate([256, 4, 5], max_new_tokens=3, ignore_eos=True)
     assert len(done["token_ids"]) == 3
+
+    # compute threads: the cores shared among the workers unless set; a change restarts each
+    cores = len(os.sched_getaffinity(0))
+    assert [w["threads"] for w in status["workers"]] == [max(1, cores // 2)] * 2
+    threads = client.reconfigure({"workers": {"threads": 3}}, apply=True)
+    assert sorted(threads["restart"]) == ["decode-0", "prefill-0"]
+    deadline = time.monotonic() + 120
+    while [(w["state"], w["threads"]) for w in client.status()["workers"]] != [("ready", 3)] * 2:
+        assert time.monotonic() < deadline, client.status()["workers"]
+        time.sleep(0.2)
+    with pytest.raises(RemoteError, match="workers.threads = 2,000 is out of range: must be between 0 and 1,024"):
+        client.reconfigure({"workers": {"threads": 2000}})
 
 
 def test_status_cli_and_submit_cli(start_server):
