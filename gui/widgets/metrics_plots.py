@@ -18,7 +18,7 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 from gui import theme
 from gui.model.engine_state import EngineState
 from gui.widgets.state_view import StateView
-from gui.widgets.status_line import apply_stale_look
+from gui.widgets.status_line import STALE_OPACITY, STALE_TOOLTIP
 
 # series name -> (plot title, y unit label)
 PLOTS = {
@@ -61,6 +61,7 @@ class MetricsPlots(StateView, QWidget):
         super().__init__(parent)
         self.state = state
         self.span_s = span_s
+        self.stale = False
         self.graphics = pg.GraphicsLayoutWidget()
         self.plots: dict[str, pg.PlotItem] = {}
         self.curves: dict[str, pg.PlotDataItem] = {}  # series name, or "pool:<name>"
@@ -122,8 +123,14 @@ class MetricsPlots(StateView, QWidget):
         """Plots have no controls; present so the window can treat every view alike."""
 
     def set_stale(self, stale: bool) -> None:
-        """Grey the plots while telemetry is stale."""
-        apply_stale_look(self, stale)
+        """Grey the plots while telemetry is stale: the opacity of the plot items inside the
+        scene. (A QGraphicsOpacityEffect on a widget holding a QGraphicsView crashed the
+        process in a later paint once the effect had been removed.)"""
+        for plot in self.plots.values():
+            plot.setOpacity(STALE_OPACITY if stale else 1.0)
+        self.legend.setOpacity(STALE_OPACITY if stale else 1.0)
+        self.setToolTip(STALE_TOOLTIP if stale else "")
+        self.stale = stale
 
     def set_theme(self, mode: str) -> None:
         """Recolour for "dark" or "light" (a palette change does this too)."""

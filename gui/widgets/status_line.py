@@ -1,7 +1,7 @@
 """StatusLine: engine address, connection state, telemetry age and a STALE flag for the status bar.
 
 Stale means no telemetry for a while: what the window shows may no longer be true, so the
-window greys the live views (`apply_stale_look`) while `stale_changed(True)` holds.
+window greys the live views (each its own way) while `stale_changed(True)` holds.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QGraphicsOpacityEffect, QHBoxLayout, QLabel, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QWidget
 
 from gui import theme
 from gui.model.engine_state import EngineState
@@ -29,15 +29,7 @@ def age_text(age: float | None) -> str:
     return f"telemetry {age / 3600:.1f} h ago"
 
 
-def apply_stale_look(widget: QWidget, stale: bool) -> None:
-    """Grey a live view (page map, plots) while its data is stale; it stays usable."""
-    if stale:
-        effect = QGraphicsOpacityEffect(widget)
-        effect.setOpacity(STALE_OPACITY)
-        widget.setGraphicsEffect(effect)
-    else:
-        widget.setGraphicsEffect(None)
-    widget.setToolTip("No telemetry for a while: this view may be out of date." if stale else "")
+STALE_TOOLTIP = "No telemetry for a while: this view may be out of date."
 
 
 class StatusLine(StateView, QWidget):
