@@ -82,6 +82,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self._last_keyframe_ask = 0.0
         self.snapshot = None  # an OpenedSnapshot while the window shows a bundle
         self.export_job = None
+        self.return_to: tuple | None = None  # the engine to attach again when a snapshot is closed
         self.last_export: str | None = None
         self.setWindowTitle("PageWarden")
         self.resize(1400, 900)
@@ -260,7 +261,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
 
     def on_status(self, status: dict) -> None:
         self.state.apply_status(status)
-        if not self.state.alerts and status.get("alerts"):
+        if not self.state.current_alerts() and status.get("alerts"):
             from engine.wire.protocol import Message
 
             for record in status["alerts"]:
@@ -358,7 +359,9 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self.state.select_request(request_id)
 
     def acknowledge_alerts(self, ids: list) -> None:
-        ids = self.acknowledge_probe_alerts(list(ids))
+        gone = {a.id for a in self.state.alerts.values() if a.previous_engine}
+        ids = [i for i in ids if i not in gone]  # a gone engine's alerts: nobody to ask
+        ids = self.acknowledge_probe_alerts(ids)
         if ids:
             self.request("ack_alert", ids=ids)
 

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QFileDialog, QMessageBox, QProgressDialog
 from gui.model.snapshot_state import state_from_snapshot
 from gui.snapshot.bundle import SnapshotError, read_bundle
 from gui.snapshot_export import ExportJob
-from gui.transport import TransportClient
+from gui.transport import TransportClient, TransportThread
 
 SNAPSHOT_MARGIN_S = 60.0  # an alert's snapshot starts this long before the alert
 
@@ -30,14 +30,18 @@ class SnapshotMixin:
             if not path:
                 return False
         job = ExportJob(TransportClient(self.transport), path, since=since, endpoint=self.endpoint, parent=self)
-        progress = QProgressDialog("Exporting incident snapshot…", None, 0, 100, self)
+        progress = QProgressDialog("Exporting incident snapshot…", "Cancel", 0, 100, self)
         progress.setWindowTitle("Incident snapshot")
         progress.setMinimumDuration(300)  # short exports never flash a dialog
         progress.setAutoClose(True)
+        progress.setAutoReset(False)  # so that 100% does not read as a click on Cancel
+        progress.canceled.connect(job.cancel)
         job.progress.connect(lambda f, what: (progress.setValue(int(100 * f)), progress.setLabelText(
             f"Exporting incident snapshot: {what}…")))
         job.succeeded.connect(self._export_done)
         job.failed.connect(self._export_failed)
+        job.cancelled.connect(lambda: self.statusBar().showMessage(
+            f"Snapshot export cancelled; nothing was written to {path}", 15_000))
         job.finished.connect(lambda: (progress.reset(), setattr(self, "export_job", None)))
         self.export_job, self.export_progress = job, progress
         job.start()
@@ -74,7 +78,9 @@ class SnapshotMixin:
         state, problems = state_from_snapshot(opened)
         opened.warnings.extend(problems)
         self.leave_kv_events()
-        if self.transport is not None:
+        if self.transport is not None:  # Close Snapshot comes back to this engine
+            t = self.transport
+            self.return_to = (t.endpoint, t.server_key, t.client_keys, t.telemetry_override, self.hosted)
             self.transport.stop()
             self.transport = None
         self.toggle_demo(False)
@@ -95,12 +101,21 @@ class SnapshotMixin:
         return True
 
     def close_snapshot(self) -> None:
+        """Back to the engine attached before the snapshot was opened (if any): a new
+        connection, a fresh state, no trace of the snapshot beside live alerts."""
         if self.snapshot is None:
             return
         self._leave_snapshot()
         self.state = self._fresh_state()
-        self.connection = "disconnected"
-        self.status_line.set_endpoint("", hosted=False)
+        self.alert_detail.show_alert(None)
+        back, self.return_to = self.return_to, None
+        if back is not None:
+            endpoint, server_key, client_keys, telemetry, hosted = back
+            self.attach(TransportThread(endpoint, server_key=server_key, client_keys=client_keys,
+                                        telemetry_endpoint=telemetry), endpoint, hosted=hosted)
+        else:
+            self.connection = "disconnected"
+            self.status_line.set_endpoint("", hosted=False)
         self.refresh()
 
     def _leave_snapshot(self) -> None:

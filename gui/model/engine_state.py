@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from engine.client import PageMirror
+from engine.wire.page_tags import PageState
 from engine.wire.protocol import Message
 from gui.model.crossings import Crossing, CrossingWatch
 from gui.model.events import Events
@@ -20,6 +23,7 @@ from gui.model.selection import Selection
 
 MAX_REQUESTS = 5_000  # rows kept in the requests table (oldest finished ones go first)
 MAX_ALERTS = 2_000
+RUNNING_STATES = ("ready", "starting", "draining")  # a worker's states with its process up
 STALE_AFTER_S = 3.0  # no telemetry for this long: show everything as stale, not healthy
 METRIC_WINDOW_S = 600.0  # the plots show the last ten minutes
 METRIC_SERIES = ("tokens_per_s", "ttft_ms_p50", "tpot_ms_p50", "queue_depth", "running")
@@ -33,6 +37,8 @@ EVENTS = ("pages", "requests", "alerts", "workers", "capacity", "engine", "metri
 
 @dataclass
 class WorkerRow:
+    """One worker as the engine's status or `workers` topic last described it."""
+
     name: str
     role: str
     state: str
@@ -49,6 +55,11 @@ class WorkerRow:
         pool = w.get("pool") or {}
         return cls(w["name"], w["role"], w["state"], w.get("pid"), w.get("device"), pool.get("name") or w["name"],
                    pool.get("pages"), pool.get("used_pages"), int(w.get("inflight") or 0), w.get("reason") or "")
+
+    @property
+    def running(self) -> bool:
+        """Its process is up (its pool's pages are live)."""
+        return self.state in RUNNING_STATES
 
 
 @dataclass
@@ -86,6 +97,7 @@ class AlertRow:
     pages: list[int]
     detail: str
     pool: str | None = None
+    previous_engine: bool = False  # raised by an engine that has since gone (restarted or replaced)
 
 
 class EngineState:
@@ -102,6 +114,7 @@ class EngineState:
         self.metrics: dict[str, deque] = {name: deque() for name in METRIC_SERIES}
         self.pool_usage: dict[str, deque] = {}
         self.engine: dict = {}  # from status: endpoints, model, version
+        self.engine_epoch: tuple | None = None  # (control endpoint, start time) of the engine answering
         self.config: dict = {}
         self.last_message_at: float | None = None
         self.messages = 0
@@ -149,6 +162,12 @@ class EngineState:
 
     def apply_status(self, status: dict) -> set[str]:
         """A status reply: workers, capacity findings, engine facts, config."""
+        engine = status.get("engine") or {}
+        epoch = (engine.get("control"), engine.get("started"))
+        if engine.get("started") is not None:
+            if self.engine_epoch is not None and epoch != self.engine_epoch:
+                self._retire_alerts()
+            self.engine_epoch = epoch
         self.engine = status.get("engine", self.engine)
         self.config = status.get("config", self.config)  # a brief status leaves it out
         self.workers = [WorkerRow.from_wire(w) for w in status.get("workers", [])]
@@ -160,6 +179,34 @@ class EngineState:
             changed.add("crossings")
         self.events.mark(*changed)
         return changed
+
+    def _retire_alerts(self) -> None:
+        """Another engine answers now: the alerts so far stay, marked as the previous
+        engine's, under ids of their own (the new engine's ids may be the same strings)."""
+        retired = OrderedDict()
+        for aid, row in self.alerts.items():
+            if not row.previous_engine:
+                aid = f"previous:{aid}"
+                row = replace(row, id=aid, previous_engine=True)
+            retired[aid] = row
+        self.alerts = retired
+        self.new_alerts = []
+        self.events.mark("alerts")
+
+    def workers_with_live_usage(self) -> list[WorkerRow]:
+        """The workers, each pool's used pages counted from the page map's own mirror where
+        it has one (the heartbeat's figure lags it: the map and the panel must agree)."""
+        rows = []
+        for w in self.workers:
+            mirror = self.pages.pools.get(w.pool)
+            if mirror is not None and w.running:
+                w = replace(w, used_pages=int(np.count_nonzero(mirror.arrays["state"] != PageState.FREE)))
+            rows.append(w)
+        return rows
+
+    def current_alerts(self) -> list[AlertRow]:
+        """Alerts of the engine answering now (not of a previous one)."""
+        return [a for a in self.alerts.values() if not a.previous_engine]
 
     def _on_workers(self, msg: Message, now: float) -> None:
         self.workers = [WorkerRow.from_wire(w) for w in msg.get("workers", [])]

@@ -118,10 +118,11 @@ def write_bundle(snap: Snapshot, path: str | Path, progress=None) -> Path:
     from gui.snapshot.report import render_report
 
     path = Path(path)
-    files = render_files(snap, progress)
+    step = progress or (lambda fraction, what: None)
+    files = render_files(snap, step)
     manifest = {**snap.manifest, "files": [_entry(n, d) for n, d in sorted(files.items())]}
     images = {n: d for n, d in files.items() if n.endswith(".png")}
-    (progress or (lambda f, w: None))(0.9, "report")
+    step(0.85, "report")
     files["report.html"] = render_report(manifest, snap.state, images).encode()
     manifest["files"].append(_entry("report.html", files["report.html"]))
     files["manifest.json"] = _json(manifest)
@@ -129,15 +130,16 @@ def write_bundle(snap: Snapshot, path: str | Path, progress=None) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as zf:
-            for name in ("manifest.json", *sorted(n for n in files if n != "manifest.json")):
+            names = ("manifest.json", *sorted(n for n in files if n != "manifest.json"))
+            for i, name in enumerate(names):
+                step(0.9 + 0.1 * i / len(names), f"writing {name}")  # may raise: cancelled
                 zf.writestr(name, files[name])
             raw.flush()
             os.fsync(raw.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # the last step: once here, the bundle is written
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    (progress or (lambda f, w: None))(1.0, "done")
     return path
 
 

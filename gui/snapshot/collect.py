@@ -29,24 +29,33 @@ class Snapshot:
     telemetry: list[dict] = field(default_factory=list)  # events.jsonl (and metrics.csv from it)
 
 
-def collect(client, *, since: float | None = None, endpoint: str = "") -> Snapshot:
+def collect(client, *, since: float | None = None, endpoint: str = "", progress=None) -> Snapshot:
     """Ask the engine for the window [since, now] (default: all it keeps) and the pages now.
 
-    Raises what the client raises (RemoteError, TimeoutError) when the engine cannot answer.
+    progress(fraction, what) is called before each question; it may raise to cancel (the
+    export dialog's Cancel does). Raises what the client raises (RemoteError, TimeoutError)
+    when the engine cannot answer.
     """
+    step = progress or (lambda fraction, what: None)
+    step(0.0, "engine status")
     status = client.status()
     engine = status.get("engine", {})
     if since is None:
         since = float(engine.get("time", time.time())) - float(engine.get("uptime_s", 0.0)) - 1.0
+    step(0.1, "requests and their events")
     history = client.call("history", since=since)
+    step(0.5, "affected pairs")
     scope = client.call("scope", since=since)
+    step(0.6, "prompt log")
     prompt_log = client.call("prompt_log", since=since)["entries"]
     pools, pages = [], {}
-    for worker in status.get("workers", []):
+    workers = status.get("workers", [])
+    for i, worker in enumerate(workers):
         pool = worker.get("pool") or {}
         name = pool.get("name")
         if worker.get("state") != "ready" or not name or name in pages:
             continue
+        step(0.7 + 0.3 * i / len(workers), f"pages of {name}")
         pages[name] = client.page_metadata(name)
         pools.append({"name": name, "role": worker.get("role"), "pages": int(pool.get("pages") or 0),
                       "page_size": int(pool.get("page_size") or 0), "worker": worker.get("name")})

@@ -8,15 +8,19 @@ comparison, changed rows one dataChanged, and only a changed row set resets the 
 from __future__ import annotations
 
 import datetime as dt
+import json
+from dataclasses import asdict
 
 from PySide6.QtCore import QItemSelection, QItemSelectionModel, QModelIndex, Qt, Signal
-from PySide6.QtGui import QAction, QFont
+from PySide6.QtGui import QAction, QFont, QKeySequence
 from PySide6.QtWidgets import (
+    QApplication,
     QComboBox,
     QHBoxLayout,
     QLabel,
     QMenu,
     QPushButton,
+    QTableView,
     QVBoxLayout,
     QWidget,
 )
@@ -62,14 +66,27 @@ _CELLS = (
     lambda a: short_list(a.requests),
     lambda a: page_ranges(a.pages),
     lambda a: a.detail.splitlines()[0] if a.detail else "",
-    lambda a: a.state + (f" ×{a.count}" if a.count > 1 else ""),
+    lambda a: a.state + (f" ×{a.count}" if a.count > 1 else "") + (" · previous engine" if a.previous_engine else ""),
     lambda a: "yes" if a.acked else "",
 )
 
 
+def alert_text(a: AlertRow) -> str:
+    """One alert as plain text for a ticket or a chat: every field, the detail whole."""
+    gone = " (raised by the previous engine)" if a.previous_engine else ""
+    return "\n".join([
+        f"{a.kind} · {a.severity} · {a.state}{' · acknowledged' if a.acked else ''}{gone}",
+        f"first seen {local_time(a.first_seen)}, last seen {local_time(a.last_seen)}, {a.count}×"
+        + (f" · pool {a.pool}" if a.pool else ""),
+        f"requests: {', '.join(a.requests) or '-'}",
+        f"pages: {page_ranges(a.pages) or '-'}",
+        a.detail,
+    ]).rstrip()
+
+
 def acknowledge_enabled(rows: list[AlertRow], readonly: bool) -> bool:
     """Acknowledge is possible when not read-only and a selected alert is unacknowledged."""
-    return not readonly and any(not row.acked for row in rows)
+    return not readonly and any(not row.acked and not row.previous_engine for row in rows)
 
 
 class AlertsModel(RowTableModel):
@@ -92,13 +109,26 @@ class AlertsModel(RowTableModel):
         if role == Qt.ForegroundRole:
             if col == 1:
                 return theme.severity_color(row.severity)
-            if row.state == "resolved":
+            if row.state == "resolved" or row.previous_engine:
                 return theme.color("muted")
-        if role == Qt.FontRole and row.state == "firing" and not row.acked:
+        if role == Qt.FontRole and row.state == "firing" and not row.acked and not row.previous_engine:
             font = QFont()
             font.setBold(True)
             return font
         return None
+
+
+class WholeRowCopyView(QTableView):
+    """A table whose Ctrl+C asks for whole rows: a QTableView claims the key for one cell
+    before any shortcut sees it."""
+
+    copy_requested = Signal()
+
+    def keyPressEvent(self, event) -> None:
+        if event.matches(QKeySequence.Copy):
+            self.copy_requested.emit()
+        else:
+            super().keyPressEvent(event)
 
 
 class AlertsTable(StateView, QWidget):
@@ -112,7 +142,8 @@ class AlertsTable(StateView, QWidget):
         self.state = state
         self._readonly = False
         self.model = AlertsModel(self)
-        self.view = row_table_view(self.model, (74, 66, 150, 110, 80, 260, 80, 40), stretch=5, multi=True)
+        self.view = row_table_view(self.model, (74, 66, 150, 110, 80, 260, 80, 40), stretch=5, multi=True,
+                                   view_class=WholeRowCopyView)
         self.view.setContextMenuPolicy(Qt.CustomContextMenu)
         self.view.customContextMenuRequested.connect(self._context_menu)
         self.view.selectionModel().selectionChanged.connect(self._update_actions)
@@ -125,6 +156,15 @@ class AlertsTable(StateView, QWidget):
         self.acknowledge_action.triggered.connect(self.acknowledge_selected)
         self.snapshot_action = QAction("Export incident snapshot…", self)
         self.snapshot_action.triggered.connect(self._snapshot)
+        # Ctrl+C (and the context menu) copies whole alerts, not one cell
+        self.copy_action = QAction("Copy", self)
+        self.copy_action.setShortcut(QKeySequence.Copy)
+        self.copy_action.setShortcutContext(Qt.WidgetWithChildrenShortcut)  # shown in the menu
+        self.copy_action.triggered.connect(lambda: self.copy_selected("text"))
+        self.view.copy_requested.connect(lambda: self.copy_selected("text"))
+        self.copy_json_action = QAction("Copy as JSON", self)
+        self.copy_json_action.triggered.connect(lambda: self.copy_selected("json"))
+        self.view.addAction(self.copy_action)
         self.acknowledge_button = QPushButton("Acknowledge")
         self.acknowledge_button.clicked.connect(self.acknowledge_selected)
 
@@ -153,7 +193,7 @@ class AlertsTable(StateView, QWidget):
         selected = self.selected_ids()
         if self.model.update_rows(rows) and selected:
             self._select_ids(selected)
-        firing = sum(1 for a in rows if a.state == "firing")
+        firing = sum(1 for a in rows if a.state == "firing" and not a.previous_engine)
         self.count_label.setText(f"{len(rows):,} shown, {firing:,} firing")
         self._update_actions()
 
@@ -187,7 +227,18 @@ class AlertsTable(StateView, QWidget):
         """Emit acknowledge_requested with the selected unacknowledged alerts (if allowed)."""
         rows = self.selected_rows()
         if acknowledge_enabled(rows, self._readonly):
-            self.acknowledge_requested.emit([r.id for r in rows if not r.acked])
+            self.acknowledge_requested.emit([r.id for r in rows if not r.acked and not r.previous_engine])
+
+    def copy_selected(self, form: str = "text") -> str:
+        """Put the selected alerts on the clipboard, whole ("text": one block per alert, or
+        "json"); returns what was copied."""
+        rows = self.selected_rows()
+        if form == "json":
+            text = json.dumps([asdict(r) for r in rows], indent=1)
+        else:
+            text = "\n\n".join(alert_text(r) for r in rows)
+        QApplication.clipboard().setText(text)
+        return text
 
     def _snapshot(self) -> None:
         index = self.view.currentIndex()
@@ -203,6 +254,9 @@ class AlertsTable(StateView, QWidget):
         menu = QMenu(self)
         menu.addAction(self.acknowledge_action)
         menu.addAction(self.snapshot_action)
+        menu.addSeparator()
+        menu.addAction(self.copy_action)
+        menu.addAction(self.copy_json_action)
         return menu
 
     def _context_menu(self, pos) -> None:

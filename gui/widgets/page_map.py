@@ -10,17 +10,39 @@ one Selection, and the selection is a LUT swap shared by all pools.
 
 from __future__ import annotations
 
+from html import escape
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QCursor, QImage
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSizePolicy,
+    QToolTip,
+    QVBoxLayout,
+    QWidget,
+)
 
 from engine.client import PoolMirror
 from engine.wire.page_tags import NO_WRITER, pack_tag, unpack_tag
 from gui import theme
 from gui.model.engine_state import EngineState
-from gui.model.page_colors import FREE, FREE_PAGE, LEVELS, MODES, QUARANTINED_PAGE, STATE_BASE, STATE_NAMES, PageColors
+from gui.model.page_colors import (
+    BRIGHT_BASE,
+    CANARY_PAGE,
+    FREE,
+    FREE_PAGE,
+    LEVELS,
+    MODES,
+    QUARANTINED_PAGE,
+    STATE_BASE,
+    STATE_NAMES,
+    PageColors,
+)
 from gui.model.page_grid import PageGrid, PoolImage
 from gui.model.selection import Selection
 from gui.widgets.elided_label import ElidedLabel
@@ -28,6 +50,8 @@ from gui.widgets.state_view import StateView
 
 ROLE_ORDER = {"prefill": 0, "decode": 1}
 MAX_COLUMNS = 3
+LEGEND_TENANTS = 8  # tenants named in the legend (colour by tenant)
+STOPPED_OPACITY = 0.35  # a pool whose worker is not running: its last known pages, greyed
 MODE_LABELS = {"request": "Request", "tenant": "Tenant", "state": "State"}
 
 
@@ -117,6 +141,7 @@ class PageMapWidget(StateView, QWidget):
         self._views: dict[str, _PoolView] = {}
         self._order: list[str] | None = None  # None: rebuild the pool views on the next refresh
         self._stale = False
+        self._legend_tenants = 0  # tenants in the legend's key as last written
         self.state = state
         self._hover_text = ""
 
@@ -131,14 +156,25 @@ class PageMapWidget(StateView, QWidget):
         self.mode_box.currentIndexChanged.connect(lambda i: self.set_color_mode(MODES[i]))
         self.legend = QLabel()
         self.legend.setTextFormat(Qt.RichText)
+        # a long key (many tenants) must never widen the window: it is cut at the right
+        self.legend.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.hover_label = ElidedLabel("Hover a page for its owner; click it to select its request.")
         self.hover_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+
+        # a selected request that holds no pages (finished, say) dims every page: say why
+        self.selection_note = QLabel()
+        self.selection_note.setVisible(False)
+        self.clear_selection_button = QPushButton("Clear selection")
+        self.clear_selection_button.setVisible(False)
+        self.clear_selection_button.clicked.connect(lambda: self.select_request(None))
 
         top = QHBoxLayout()
         top.addWidget(QLabel("Colour by"))
         top.addWidget(self.mode_box)
         top.addSpacing(12)
         top.addWidget(self.legend, 1)
+        top.addWidget(self.selection_note)
+        top.addWidget(self.clear_selection_button)
         box = QVBoxLayout(self)
         box.setContentsMargins(4, 4, 4, 4)
         box.setSpacing(4)
@@ -150,7 +186,7 @@ class PageMapWidget(StateView, QWidget):
     # ---- following the state ----------------------------------------------------------------
     def follows(self) -> dict:
         return {"pages": self.refresh, "requests": self.refresh, "selection": self.refresh,
-                "stale": self._follow_stale}
+                "workers": self.refresh, "stale": self._follow_stale}
 
     def state_replaced(self) -> None:
         """A new engine: slots start over, so colours and tenants are forgotten too."""
@@ -159,6 +195,7 @@ class PageMapWidget(StateView, QWidget):
         colors.mode = self.colors.mode
         self.colors = colors
         self._order = None
+        self._legend_tenants = -1  # rewrite the key
         self.refresh()
 
     def _follow_stale(self) -> None:
@@ -238,10 +275,37 @@ class PageMapWidget(StateView, QWidget):
         changed = {pool.name: self._views[pool.name].image.update(pool) for pool in pools}
         self.colors.end_frame()
         lut = self.colors.lut(self.selected_slot)
+        down = self._pools_not_running()
+        if self.colors.mode == "tenant" and len(self.colors.tenants.of_tenant) != self._legend_tenants:
+            self._legend_tenants = len(self.colors.tenants.of_tenant)
+            self.legend.setText(self._legend_html())
+        self._note_selection(pools)
         for pool in pools:
             view = self._views[pool.name]
             view.show(lut, changed[pool.name])
-            view.set_title(self._title(pool, view.image))
+            view.item.setOpacity(STOPPED_OPACITY if pool.name in down else 1.0)
+            view.set_title(self._title(pool, view.image, down.get(pool.name)))
+
+    def _note_selection(self, pools: list[PoolMirror]) -> None:
+        """Say when the selection holds no pages (everything else is dimmed around nothing)."""
+        slot, rid = self.selected_slot, self.state.selected_request
+        holds = slot is not None and any(bool(np.any(p.arrays["owner"] == slot)) for p in pools)
+        selected = slot is not None or bool(rid)
+        self.clear_selection_button.setVisible(selected)
+        if not selected or holds:
+            self.selection_note.setVisible(False)
+            return
+        row = self.state.requests.get(rid) if rid else self.state.request_for_slot(slot)
+        who = f"request {row.request_id}" if row else (f"request {rid}" if rid else f"slot {slot}")
+        phase = f" ({row.phase})" if row and row.phase else ""
+        self.selection_note.setText(f"<span style='color:{theme.color('warning').name()}'>Selected {escape(who)}"
+                                    f"{escape(phase)} holds no pages now</span>")
+        self.selection_note.setVisible(True)
+
+    def _pools_not_running(self) -> dict[str, str]:
+        """Pools whose worker is not running now (pool -> its state): their pages are the
+        last the worker sent, no longer what the engine holds."""
+        return {w.pool: w.state for w in self.state.workers if not w.running}
 
     def _rebuild_layout(self, pools: list[PoolMirror]) -> None:
         for view in self._views.values():
@@ -253,7 +317,7 @@ class PageMapWidget(StateView, QWidget):
         self._order = [p.name for p in pools]
         self._apply_theme_colours()
 
-    def _title(self, pool: PoolMirror, image: PoolImage) -> str:
+    def _title(self, pool: PoolMirror, image: PoolImage, worker_down: str | None = None) -> str:
         t = self.colors.theme
         fg = theme.plot_colors(t.name)[1]
         used, total = image.used_pages, pool.num_pages
@@ -265,7 +329,9 @@ class PageMapWidget(StateView, QWidget):
         if image.quarantined_pages:
             notes.append(f"<b style='color:{_hex(t.quarantined)}'>{image.quarantined_pages:,} quarantined</b>")
         warning = theme.color("warning", t.name).name()
-        if self._stale:
+        if worker_down:
+            notes.append(f"<span style='color:{warning}'>worker {worker_down}: last known pages</span>")
+        elif self._stale:
             notes.append(f"<span style='color:{warning}'>telemetry stale: last known pages</span>")
         elif pool.stale:
             notes.append(f"<span style='color:{warning}'>missed a delta: waiting for a keyframe</span>")
@@ -289,7 +355,13 @@ class PageMapWidget(StateView, QWidget):
             items += [swatch(STATE_BASE + s, STATE_NAMES[s].lower().replace("_", " ")) for s in (1, 2, 3)]
         else:
             items.append("bright: written · dim: reserved or in flight")
+            items.append(swatch(CANARY_PAGE, "canary"))
         items.append(swatch(QUARANTINED_PAGE, "quarantined"))
+        if self.colors.mode == "tenant":  # the tenant -> colour key, in first-seen order
+            tenants = list(self.colors.tenants.of_tenant.items())
+            items += [swatch(BRIGHT_BASE + colour, escape(tenant)) for tenant, colour in tenants[:LEGEND_TENANTS]]
+            if len(tenants) > LEGEND_TENANTS:
+                items.append(f"+{len(tenants) - LEGEND_TENANTS} more tenants (hover a page)")
         return " &nbsp; ".join(items)
 
     # ---- hover and click ------------------------------------------------------------------
@@ -324,14 +396,21 @@ class PageMapWidget(StateView, QWidget):
             req = self.state.request_for_slot(owner)
             who = f"request {req.request_id} (slot {owner})" if req else f"slot {owner} (request not known)"
             lines.append(f"{who} · tenant {req.tenant if req and req.tenant else '?'}")
-        lines.append(f"state {state_name} · filled {int(a['filled']):,}/{mirror.page_size:,} tokens"
-                     f" · epoch {int(a['epoch']):,}")
+        filled = f"{int(a['filled']):,}/{mirror.page_size:,} tokens"
+        if state == FREE:  # what `filled` says is what its last owner wrote, if anything
+            lines.append(f"state {state_name} · epoch {int(a['epoch']):,}"
+                         + (f" · last held {filled} before it was freed" if int(a["filled"]) else ""))
+        else:
+            lines.append(f"state {state_name} · filled {filled} · epoch {int(a['epoch']):,}")
         tag = int(a["writer"])
         note = ""
         if tag != NO_WRITER and owner >= 0 and state != FREE:
             own = pack_tag(owner, int(a["epoch"]))
             note = " (the owner, this epoch)" if tag == own else " (NOT the owner's tag for this epoch)"
-        lines.append(f"writer {writer_text(tag)}{note}")
+        unpacked = unpack_tag(tag)
+        writer = self.state.request_for_slot(unpacked[0]) if unpacked is not None else None
+        who = f"request {writer.request_id} " if writer is not None else ""
+        lines.append(f"writer {who}{writer_text(tag)}{note}")
         return "\n".join(lines)
 
     def _on_mouse_moved(self, scene_pos: QPointF) -> None:

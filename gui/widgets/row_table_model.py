@@ -47,11 +47,11 @@ class RowTableModel(QAbstractTableModel):
 
 
 def row_table_view(model: RowTableModel, widths: tuple[int, ...], stretch: int, *, multi: bool = False,
-                   row_padding: int = 6, striped: bool = True) -> QTableView:
+                   row_padding: int = 6, striped: bool = True, view_class=QTableView) -> QTableView:
     """A QTableView over `model`: whole-row selection (several rows when `multi`), no row
     numbers, fixed row height (font + row_padding), column widths, column `stretch` filling
     the rest."""
-    view = QTableView()
+    view = view_class()
     view.setModel(model)
     view.setSelectionBehavior(QAbstractItemView.SelectRows)
     view.setSelectionMode(QAbstractItemView.ExtendedSelection if multi else QAbstractItemView.SingleSelection)

@@ -21,14 +21,14 @@ from PySide6.QtWidgets import (
 )
 
 from gui import theme
-from gui.model.engine_state import EngineState, WorkerRow
+from gui.model.engine_state import RUNNING_STATES, EngineState, WorkerRow
 from gui.widgets.row_table_model import RowTableModel, row_table_view
 from gui.widgets.state_view import StateView
 
 COLUMNS = ("Worker", "Role", "State", "PID", "Device", "Pool usage")
 USAGE_COLUMN = 5
 STARTABLE = ("stopped", "crashed")
-RUNNING = ("ready", "starting", "draining")
+RUNNING = RUNNING_STATES
 STATE_COLOR = {"ready": "ok", "crashed": "danger", "starting": "warning", "draining": "warning",
                "stopping": "warning", "stopped": "muted"}
 
@@ -57,22 +57,33 @@ class WorkersModel(RowTableModel):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.rows: list[WorkerRow] = []
+        self.stale = False  # the engine stopped answering: rows are the last known
 
     def data(self, index, role=Qt.DisplayRole):
         if not index.isValid():
             return None
         w, col = self.rows[index.row()], index.column()
         if role == Qt.DisplayRole:
-            return (w.name, w.role, w.state, "" if w.pid is None else str(w.pid), w.device or "—",
-                    usage_text(w))[col]
+            state = f"{w.state}?" if self.stale else w.state
+            pid = "" if w.pid is None else (f"({w.pid})" if self.stale else str(w.pid))
+            return (w.name, w.role, state, pid, w.device or "—", usage_text(w))[col]
         if role == Qt.UserRole and col == USAGE_COLUMN:
             return (w.used_pages or 0, w.pages or 0)
-        if role == Qt.ForegroundRole and col == 2:
-            return theme.color(STATE_COLOR.get(w.state, "muted"))
+        if role == Qt.ForegroundRole and (col == 2 or self.stale):
+            return theme.color("muted" if self.stale else STATE_COLOR.get(w.state, "muted"))
         if role == Qt.ToolTipRole:
             extra = f"\n{w.reason}" if w.reason else ""
-            return f"{w.name}: {w.state}, {w.inflight} in-flight request(s), pool {w.pool}{extra}"
+            known = ("No answer from the engine: this is the last known state, not the state now.\n"
+                     if self.stale else "")
+            return f"{known}{w.name}: {w.state}, {w.inflight} in-flight request(s), pool {w.pool}{extra}"
         return None
+
+    def set_stale(self, stale: bool) -> None:
+        """The engine stopped answering: every row reads as last known ("ready?"), greyed."""
+        if stale != self.stale:
+            self.stale = stale
+            if self.rows:
+                self.dataChanged.emit(self.index(0, 0), self.index(len(self.rows) - 1, len(self.columns) - 1))
 
     def row_key(self, row: WorkerRow) -> str:
         return row.name
@@ -133,11 +144,12 @@ class WorkersPanel(StateView, QWidget):
         self.refresh()
 
     def follows(self) -> dict:
-        return {"workers": self.refresh, "connection": self.refresh, "stale": self.refresh}
+        return {"workers": self.refresh, "pages": self.refresh, "connection": self.refresh, "stale": self.refresh}
 
     def refresh(self) -> None:
+        self.model.set_stale(bool(self.state.stale))
         selected = self.selected_worker()
-        if self.model.update_rows(list(self.state.workers)) and selected is not None:
+        if self.model.update_rows(self.state.workers_with_live_usage()) and selected is not None:
             self.select_worker(selected.name)
         self._update_buttons()
 

@@ -53,10 +53,12 @@ def keyframe(name: str, role: str, n: int, runs, seq: int = 1) -> list:
     return pack(header, page_arrays(meta))
 
 
-def delta(name: str, seq: int, pages, owner: int, state: int, epoch: int, writer: int = -1) -> list:
+def delta(name: str, seq: int, pages, owner: int, state: int, epoch: int, writer: int = -1,
+          filled: int | None = None) -> list:
     k = len(pages)
+    filled = (16 if state == WRITTEN else 0) if filled is None else filled
     arrays = {"owner": np.full(k, owner, np.int32), "epoch": np.full(k, epoch, np.int64),
-              "writer": np.full(k, writer, np.int64), "filled": np.full(k, 16 if state == WRITTEN else 0, np.int32),
+              "writer": np.full(k, writer, np.int64), "filled": np.full(k, filled, np.int32),
               "state": np.full(k, state, np.uint8)}
     header = {"topic": f"pages/{name}", "pool": name, "kind": "delta", "seq": seq}
     return pack(header, {"index": np.asarray(pages, np.int32), **page_arrays(arrays)})  # as PageTelemetry sends
@@ -159,10 +161,11 @@ def test_a_delta_repaints_only_what_changed(widget, state):
 def test_describe_page_names_owner_tenant_state_and_writer(widget):
     text = widget.describe_page("prefill-0", 3)
     for part in ("prefill-0", "page 3 ", "row 0, col 3", "request req-a (slot 1)", "tenant acme", "state WRITTEN",
-                 "filled 16/16 tokens", "epoch 2", "writer (slot 1, epoch 2) (the owner, this epoch)"):
+                 "filled 16/16 tokens", "epoch 2", "writer request req-a (slot 1, epoch 2) (the owner, this epoch)"):
         assert part in text, (part, text)
     free = widget.describe_page("prefill-0", 40)
     assert "owner: none" in free and "state FREE" in free and "never written" in free
+    assert "filled" not in free and "last held" not in free  # nothing left in it
     reserved = widget.describe_page("prefill-0", 16)
     assert "request req-b (slot 2)" in reserved and "state RESERVED" in reserved and "filled 0/16" in reserved
     assert "state QUARANTINED" in widget.describe_page("prefill-0", 18)
@@ -173,7 +176,16 @@ def test_describe_page_names_owner_tenant_state_and_writer(widget):
 
 def test_a_writer_that_is_not_the_owner_is_called_out(widget, state):
     state.apply(unpack(delta("decode-0", 2, [50], owner=2, state=WRITTEN, epoch=5, writer=(1 << 32) | 1)))
-    assert "writer (slot 1, epoch 1) (NOT the owner's tag for this epoch)" in widget.describe_page("decode-0", 50)
+    assert ("writer request req-a (slot 1, epoch 1) (NOT the owner's tag for this epoch)"
+            in widget.describe_page("decode-0", 50))
+
+
+def test_a_freed_page_says_what_its_last_owner_left_not_filled(widget, state):
+    # issue 15, item 10: a free page read "filled 16/16"; a freed, unscrubbed page keeps tokens
+    state.apply(unpack(delta("decode-0", 2, [60], owner=-1, state=FREE, epoch=3, writer=(1 << 32) | 3, filled=16)))
+    text = widget.describe_page("decode-0", 60)
+    assert "state FREE" in text and "filled 16/16" not in text
+    assert "last held 16/16 tokens before it was freed" in text and "writer request req-a (slot 1, epoch 3)" in text
 
 
 def test_hovering_a_cell_shows_its_description(widget, qtbot):
@@ -353,3 +365,36 @@ def test_screenshot(qtbot, tmp_path):
     assert (shot.width(), shot.height()) == (1100, 560)
     colours = {shot.pixel(x, y) for x in range(0, 1100, 7) for y in range(40, 520, 7)}
     assert len(colours) > 40  # many owners, not a blank or single-colour map
+
+
+def test_the_legend_keys_canaries_and_in_tenant_mode_each_tenant(widget):
+    # issue 15, item 10: canary pages were drawn but not keyed; tenant colours had no key
+    assert "canary" in widget.legend.text() and "acme" not in widget.legend.text()
+    widget.set_color_mode("tenant")
+    widget.refresh()
+    legend = widget.legend.text()
+    lut = widget.colors.lut()
+    assert list(widget.colors.tenants.of_tenant) == ["acme", "globex"]  # initech's one page is quarantined
+    for tenant in ("acme", "globex"):
+        r, g, b = (int(v) for v in lut[BRIGHT_BASE + widget.colors.tenants.of_tenant[tenant], :3])
+        assert f"color:#{r:02x}{g:02x}{b:02x}'>■</span>&nbsp;{tenant}" in legend, legend
+    assert "canary" in legend
+    widget.set_color_mode("state")
+    assert "acme" not in widget.legend.text()
+
+
+def test_a_selected_request_that_holds_no_pages_is_named_with_a_way_out(widget, state, qtbot):
+    # issue 15, item 9: selecting a request that then finished dimmed the map with no indication
+    widget.select_request("req-d")
+    widget.refresh()
+    assert widget.selection_note.isHidden() and not widget.clear_selection_button.isHidden()  # it holds page 11
+    state.apply(unpack(delta("decode-0", 2, [11], owner=-1, state=FREE, epoch=2)))
+    state.apply(unpack(pack({"topic": "requests", "seq": 9, "request_id": "req-d", "slot": 4, "tenant": "initech",
+                             "phase": "finished"})))
+    widget.refresh()
+    assert not widget.selection_note.isHidden()
+    assert "Selected request req-d (finished) holds no pages now" in widget.selection_note.text()
+    widget.clear_selection_button.click()
+    widget.refresh()
+    assert state.selected_request is None and widget.selected_slot is None
+    assert widget.selection_note.isHidden() and widget.clear_selection_button.isHidden()

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QFileDialog, QMessageBox
 from engine.guard.reproduce import run_workload
 from engine.guard.scenarios import SCENARIOS, config_sections
 from gui.snapshot.bundle import read_bundle
+from tests.gui.waits import connected_and_ready
 
 ALERT_KEYS = ("id", "kind", "state", "count", "requests", "pages", "first_seen", "severity")
 
@@ -46,6 +47,32 @@ def test_export_reopen_equals_the_live_engine(start_server, open_window, qtbot, 
     qtbot.waitUntil(lambda: window.export_job is None, timeout=120_000)
     assert window.last_export == path, no_dialogs
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".part")]  # the temporary file went
+
+    # Cancel (issue 15, item 1): the job stops at its next step, writes nothing, and the
+    # window can export again. The job is held at its first question until Cancel is pressed.
+    import threading
+
+    import gui.snapshot_view as snapshot_view
+
+    pressed, real = threading.Event(), snapshot_view.TransportClient
+
+    class HeldClient(real):
+        def call_with_arrays(self, *args, **kwargs):
+            pressed.wait(30)
+            return super().call_with_arrays(*args, **kwargs)
+
+    monkeypatch.setattr(snapshot_view, "TransportClient", HeldClient)
+    cancelled_path = tmp_path / "cancelled.zip"
+    assert window.export_snapshot(str(cancelled_path))
+    assert not window.export_action.isEnabled() or window.export_job is not None
+    from PySide6.QtWidgets import QPushButton
+    window.export_progress.findChild(QPushButton).click()  # the dialog's Cancel button, as an operator clicks it
+    pressed.set()
+    qtbot.waitUntil(lambda: window.export_job is None, timeout=60_000)
+    monkeypatch.setattr(snapshot_view, "TransportClient", real)
+    assert not cancelled_path.exists() and not [p for p in os.listdir(tmp_path) if p.endswith(".part")]
+    assert "export cancelled" in window.statusBar().currentMessage() and window.last_export == path
+    assert not no_dialogs  # a cancel is not an error
 
     # the bundle equals the live engine
     status = client.status()
@@ -114,7 +141,13 @@ def test_export_reopen_equals_the_live_engine(start_server, open_window, qtbot, 
     assert no_dialogs and no_dialogs[-1][0] == "critical" and "truncated" in no_dialogs[-1][1]
     assert window.snapshot is not None and window.snapshot.path == edited
 
-    # File -> Attach returns to the live engine
+    # Close Snapshot returns to the engine that was attached (issue 15, item 6), with no trace
+    # of the snapshot's scope beside its live alerts
     window.close_snapshot()
     assert window.snapshot is None and not window.snapshot_banner.isVisible()
     assert window.banner.reconfigure_button.isEnabled()  # read-only came with the snapshot, and went
+    assert window.transport is not None and window.endpoint == server.control
+    qtbot.waitUntil(lambda: connected_and_ready(window), timeout=60_000)
+    assert not window.alert_detail.pairs and "affected pair" not in window.alert_detail.view.toPlainText()
+    assert window.windowTitle() == "PageWarden" and window.export_action.isEnabled()
+    assert set(window.state.alerts) >= {a["id"] for a in status["alerts"]}  # live again
