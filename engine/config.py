@@ -11,6 +11,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from engine.errors import ConfigError
 from engine.wire.defences import DEFENCES, FAULTS
@@ -82,7 +83,18 @@ class AuditSection:
     provenance: bool = True
 
 
+@dataclass(frozen=True)
+class AlertsSection:
+    # Forward every alert to an Alertmanager-compatible receiver: POST <webhook_url>/api/v2/alerts
+    # (engine/server/alert_forward.py). Empty: not forwarded.
+    webhook_url: str = ""
+    webhook_resend_s: int = 60  # firing alerts are sent again this often (Alertmanager expects resends)
+    webhook_queue: int = 1000  # alert changes waiting to be sent; past it the oldest is dropped and counted
+    generator_url: str = ""  # a link sent with every alert (e.g. the operator's dashboard); empty: none
+
+
 RESTART_POLICIES = ("on-failure", "never")
+MAX_URL_CHARS = 2048
 
 
 @dataclass(frozen=True)
@@ -126,6 +138,7 @@ class EngineConfig:
     faults: FaultsSection = field(default_factory=FaultsSection)
     canaries: CanariesSection = field(default_factory=CanariesSection)
     audit: AuditSection = field(default_factory=AuditSection)
+    alerts: AlertsSection = field(default_factory=AlertsSection)
     pools: dict[str, PoolConfig] = field(
         default_factory=lambda: {n: PoolConfig(n, 4096) for n in POOL_NAMES}
     )
@@ -141,6 +154,7 @@ class EngineConfig:
             "faults": dataclasses.asdict(self.faults),
             "canaries": dataclasses.asdict(self.canaries),
             "audit": dataclasses.asdict(self.audit),
+            "alerts": dataclasses.asdict(self.alerts),
             "pools": {n: {"pages": p.pages} for n, p in self.pools.items()},
         }
 
@@ -209,17 +223,23 @@ def config_from_dict(data: dict[str, Any], *, source: str = "<dict>") -> EngineC
     """Validate a TOML-shaped dict. Raises ConfigError naming the key and the limit."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: config must be a table, got {type(data).__name__}")
-    _no_unknown(data, {"model", "engine", "workers", "defences", "faults", "canaries", "audit", "pools"}, "", source)
+    _no_unknown(data, {"model", "engine", "workers", "defences", "faults", "canaries", "audit", "alerts", "pools"},
+                "", source)
     model = _section(data, "model", ModelSection, source)
     engine = _section(data, "engine", EngineSection, source)
     workers = _section(data, "workers", WorkersSection, source)
     extra = {name: _section(data, name, cls, source) for name, cls in (
         ("defences", DefencesSection), ("faults", FaultsSection), ("canaries", CanariesSection),
-        ("audit", AuditSection))}
+        ("audit", AuditSection), ("alerts", AlertsSection))}
     pools = _pools(data.get("pools", {n: {"pages": 4096} for n in POOL_NAMES}), source)
     _check_choices(model, engine, source)
     if workers.restart not in RESTART_POLICIES:
         raise ConfigError(f"{source}: workers.restart = {workers.restart!r} is not one of {', '.join(RESTART_POLICIES)}")
+    for key in ("webhook_url", "generator_url"):
+        try:
+            check_http_url(f"alerts.{key}", getattr(extra["alerts"], key))
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
     return EngineConfig(model=model, engine=engine, workers=workers, pools=pools, source=source, **extra)
 
 
@@ -241,7 +261,35 @@ _RANGES = {
     "unplaced_timeout_s": (1, 86_400),
     "threads": (0, 1024),
     "marker_chars": (8, 128),
+    "webhook_resend_s": (1, 3600),
+    "webhook_queue": (1, 100_000),
 }
+
+
+def check_http_url(name: str, value: str) -> str:
+    """`value` when empty or an http(s) URL with a host; raises ConfigError naming `name`, the
+    value and what is allowed. A user or password in it is refused: status shows the config
+    to every client."""
+    if not value:
+        return value
+    shown = value if len(value) <= 200 else value[:200] + "..."
+    if len(value) > MAX_URL_CHARS:
+        raise ConfigError(f"{name} = {shown!r} is {len(value):,} characters long: at most {MAX_URL_CHARS:,}")
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise ConfigError(f"{name} = {shown!r} holds whitespace or control characters")
+    try:
+        parts = urlsplit(value)
+        if parts.port == 0:  # raises ValueError itself past 65535 or for a port not a number
+            raise ValueError("port 0")
+    except ValueError as exc:
+        raise ConfigError(f"{name} = {shown!r} is not a valid URL ({exc}); ports are 1..65535") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{name} = {shown!r} is not an http:// or https:// URL with a host "
+                          f"(e.g. http://alertmanager:9093)")
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(f"{name} must not carry a user or password (status shows the config to every "
+                          f"client): {parts.scheme}://{parts.hostname}...")
+    return value
 
 
 def _no_unknown(table: dict, known: set[str], prefix: str, source: str) -> None:

@@ -29,6 +29,9 @@ def register(sub) -> None:
     serve.add_argument("--allow-faults", action="store_true",
                        help="allow turning defences off and faults on (reproducing incidents; never in production)")
     serve.add_argument("--json", action="store_true", help="print a JSON line with the endpoints when ready")
+    serve.add_argument("--alert-webhook", metavar="URL",
+                       help="forward alerts to an Alertmanager-compatible receiver: POST URL/api/v2/alerts "
+                       "(overrides [alerts] webhook_url; '' turns it off)")
     add_http_args(serve)
     serve.set_defaults(func=cmd_serve)
 
@@ -43,6 +46,10 @@ def cmd_serve(args) -> int:
     curve = None
     try:
         config = load_config(args)
+        if args.alert_webhook is not None:
+            from engine.config import check_http_url
+
+            config = config.replace(alerts={"webhook_url": check_http_url("--alert-webhook", args.alert_webhook)})
         check_http_args(args)
         if args.curve:
             import zmq
@@ -81,14 +88,16 @@ def cmd_serve(args) -> int:
         return fail(args, exc)
     ready = {"ready": True, "control": supervisor.control_endpoint, "telemetry": supervisor.telemetry_endpoint,
              "curve": curve is not None, "workers": list(supervisor.workers), "http": http and http.url,
-             "metrics": metrics and metrics.url}
+             "metrics": metrics and metrics.url, "alert_webhook": supervisor.forwarder.endpoint or None}
     if args.json:
         print(json.dumps(ready), flush=True)
     else:
         print(f"PageWarden engine: control {supervisor.control_endpoint}, telemetry "
               f"{supervisor.telemetry_endpoint}, workers {', '.join(supervisor.workers)}"
               + (f", HTTP {http.url} (no CURVE)" if http else "")
-              + (f", metrics {metrics.url}/metrics" if metrics else ""), flush=True)
+              + (f", metrics {metrics.url}/metrics" if metrics else "")
+              + (f", alerts to {supervisor.forwarder.endpoint}" if supervisor.forwarder.endpoint else ""),
+              flush=True)
     try:
         supervisor.run()
     finally:

@@ -33,6 +33,10 @@ METRICS = {
     "cross_reads": ("counter", "reads of another request's data (per token slot) reported by the workers"),
     "capacity_exceeds_window": ("gauge", "1 when the advertised context window exceeds a pool's capacity"),
     "telemetry_refused_subscriptions": ("counter", "telemetry subscriptions refused past the limit"),
+    "alerts_forwarded": ("counter", "alerts delivered to the Alertmanager webhook (resends included)"),
+    "alert_forward_failures": ("counter", "POSTs to the Alertmanager webhook that failed (each retry counts)"),
+    "alerts_forward_dropped": ("counter", "alerts never delivered to the webhook: past the bound, or refused (4xx)"),
+    "alert_forward_queue": ("gauge", "alerts waiting for their first delivery to the Alertmanager webhook"),
 }
 PREFIX = "pagewarden_"
 
@@ -125,6 +129,12 @@ class _StatusCollector:
         refused = _family("telemetry_refused_subscriptions")
         refused.add_metric([], float((s.get("telemetry") or {}).get("refused_subscriptions", 0)))
         yield refused
+        forwarding = s.get("alert_forwarding") or {}
+        for name, key in (("alerts_forwarded", "sent"), ("alert_forward_failures", "failed"),
+                          ("alerts_forward_dropped", "dropped"), ("alert_forward_queue", "queued")):
+            family = _family(name)
+            family.add_metric([], float(forwarding.get(key) or 0))
+            yield family
 
 
 def _le(bound) -> str:

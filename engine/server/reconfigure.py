@@ -114,6 +114,7 @@ def _take(sup, config, model, findings, restart: set[str]) -> dict:
     wire = config.to_dict()
     sup.config, sup.model_config, sup.findings = config, model, findings
     sup.configure_canaries(config.canaries)
+    sup.configure_forwarding(config.alerts)
     sup.broadcast({"op": "configure", "engine": {k: v for k, v in wire["engine"].items() if k in LIVE_ENGINE_KEYS},
                    "defences": wire["defences"], "faults": wire["faults"]})
     for name in restart:

@@ -26,6 +26,7 @@ from engine.guard.read_log import ReadLog
 from engine.model.config import read_model_config
 from engine.pool_memory import check_pool_memory
 from engine.server import reconfigure
+from engine.server.alert_forward import AlertForwarder, instance_label
 from engine.server.alerts import AlertBook
 from engine.server.audit import AuditLog
 from engine.server.metrics import MetricsWindow
@@ -86,7 +87,8 @@ class Supervisor:
         for sock in (self.control, self.bus, self.pub):
             self.poller.register(sock, zmq.POLLIN)
         self.telemetry = TelemetryPublisher(self.pub)
-        self.alerts = AlertBook(lambda record: self.telemetry.publish("alerts", record))
+        self.forwarder = AlertForwarder(instance=instance_label(self.control_endpoint))
+        self.alerts = AlertBook(self._alert_changed)
         self.reads = ReadLog()
         self.canaries = CanaryBook(config.canaries.per_minute, config.canaries.marker_chars, config.canaries.enabled)
         self.metrics = MetricsWindow()
@@ -111,6 +113,7 @@ class Supervisor:
                                   on_silent=self._worker_silent, on_stop=self._worker_stopping,
                                   on_exit=self._worker_exited)
         self.configure_canaries(config.canaries)
+        self.configure_forwarding(config.alerts)
         from engine.server.control_ops import ControlOps
         from engine.server.worker_events import WorkerEvents
 
@@ -259,6 +262,7 @@ class Supervisor:
         """Stop every worker (kill what does not exit in time), close sockets, remove the run dir."""
         self.stopping = True
         self.workers.shutdown()
+        self.forwarder.stop()
         for sock in (self.control, self.pub, self.bus):
             sock.close(linger=0)
         if self.curve is not None:
@@ -471,6 +475,9 @@ class Supervisor:
         if now - self._last["capacity"] >= CAPACITY_PERIOD_S:
             self.publish_capacity()
         self.alerts.expire()
+        if self.alerts.evicted != self._last.get("evicted", 0):  # forgotten alerts are not resent either
+            self._last["evicted"] = self.alerts.evicted
+            self.forwarder.keep(self.alerts.alerts)
 
     def load(self) -> dict:
         running = self.book.running()
@@ -514,6 +521,10 @@ class Supervisor:
                 role = "subject" if reader in (None, rid) else "source"
                 self.audit.record(rid, f"alert:{kind}", prevented=fields.get("prevented"), detail=detail, role=role)
 
+    def _alert_changed(self, record: dict) -> None:
+        self.telemetry.publish("alerts", record)
+        self.forwarder.offer(record)  # memory only: the POST happens in the forwarder's thread
+
     def audit_worker(self, worker: WorkerHandle, event: str) -> None:
         self.audit.record(f"worker:{worker.name}", event, pid=worker.pid, reason=worker.reason)
 
@@ -532,6 +543,13 @@ class Supervisor:
             except PageWardenError as exc:
                 self.canaries.disable(f"the model has no usable tokenizer ({exc}); canaries need one to "
                                       f"write their text")
+
+    def configure_forwarding(self, section) -> None:
+        """[alerts]: forward to the webhook (or stop); a new receiver hears every firing alert."""
+        self.forwarder.configure(section.webhook_url, resend_s=section.webhook_resend_s,
+                                 queue=section.webhook_queue, generator_url=section.generator_url)
+        for record in self.alerts.records():
+            self.forwarder.offer(record)
 
     @property
     def tokenizer(self):

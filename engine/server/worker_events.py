@@ -203,7 +203,7 @@ class WorkerEvents:
                          stale_pages=event.get("stale_pages"))
         sup.alert("ownership_violation", "critical", detail, subject=str(event.get("pool")),
                   requests=[reader, *[s for s in sources if not s.startswith("slot")]],
-                  pages=[p["page"] for p in pages], prevented=prevented, reader=reader)
+                  pages=[p["page"] for p in pages], prevented=prevented, reader=reader, pool=str(event.get("pool")))
         for writer in writers:
             if sup.canaries.is_canary_slot(writer) and not sup.canaries.is_canary_slot(event.get("slot")):
                 self._canary_leak(sup.canaries.by_slot[writer].request_id, reader,

@@ -46,6 +46,18 @@ def test_shipped_configs_load():
         ({"model": {"dtype": "fp8"}}, "model.dtype = 'fp8' is not one of auto"),
         ({"model": {"device": "gpu"}}, "model.device = 'gpu' is not one of auto, cpu, cuda, cuda:N"),
         ({"model": {"path": 3}}, "model.path must be a string, got 3"),
+        ({"alerts": {"webhook_url": "ftp://am:9093"}},
+         "alerts.webhook_url = 'ftp://am:9093' is not an http:// or https:// URL with a host"),
+        ({"alerts": {"webhook_url": "am:9093"}}, "alerts.webhook_url = 'am:9093' is not an http:// or https:// URL"),
+        ({"alerts": {"webhook_url": "http://am:99999"}}, "alerts.webhook_url = 'http://am:99999' is not a valid URL"),
+        ({"alerts": {"webhook_url": "http://ops:secret@am:9093"}},
+         "alerts.webhook_url must not carry a user or password"),
+        ({"alerts": {"webhook_url": "http://am:9093/a b"}}, "holds whitespace or control characters"),
+        ({"alerts": {"generator_url": "javascript:alert(1)"}}, "alerts.generator_url = 'javascript:alert(1)' is not"),
+        ({"alerts": {"webhook_resend_s": 0}},
+         "alerts.webhook_resend_s = 0 is out of range: must be between 1 and 3,600"),
+        ({"alerts": {"webhook_queue": 0}}, "alerts.webhook_queue = 0 is out of range: must be between 1 and 100,000"),
+        ({"alerts": {"webhook": "http://am"}}, "unknown key 'alerts.webhook'"),
     ],
 )
 def test_bad_values_name_key_value_and_limit(sections, fragment):
@@ -69,6 +81,12 @@ def test_pool_tables_are_checked(pools, fragment):
     with pytest.raises(ConfigError) as err:
         config_from_dict({"pools": pools})
     assert fragment in str(err.value)
+
+
+def test_alert_webhook_is_off_by_default_and_takes_http_urls():
+    assert load_config(DEFAULT_CONFIG_PATH).alerts.webhook_url == ""
+    cfg = config_from_dict(_with(alerts={"webhook_url": "https://alertmanager.example:9093/"}))
+    assert cfg.alerts.webhook_url == "https://alertmanager.example:9093/" and cfg.alerts.webhook_resend_s == 60
 
 
 def test_missing_file_and_bad_toml(tmp_path):

@@ -1,0 +1,330 @@
+"""AlertForwarder: the engine's alerts to an Alertmanager-compatible receiver, off the
+supervisor's loop ([alerts] webhook_url, or `serve --alert-webhook URL`).
+
+The supervisor hands every alert change to offer(), which only touches memory under a lock
+and returns. A thread with its own asyncio loop (aiohttp, like the HTTP front) POSTs batches
+to <url>/api/v2/alerts in Alertmanager's v2 format. What it keeps is state, as Prometheus
+does: the firing alerts, each sent when new and again every `resend_s` (Alertmanager
+resolves an alert it stops hearing about), and the resolved ones still to send once with
+endsAt. Each is bounded by `queue` (past it the least recently changed goes, counted as
+dropped when it was never delivered), so a receiver down for an hour costs no more memory
+than one down for a second, and hears the current firing set when it is back. A failed POST
+is retried with exponential backoff; a batch the receiver refuses (4xx) is not retried.
+Pending alerts are not sent: Alertmanager knows no pending state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import threading
+import time
+from collections import OrderedDict
+from datetime import datetime, timezone
+
+from engine.wire.alert_kinds import BY_NAME
+
+API_PATH = "/api/v2/alerts"
+MAX_BATCH = 64  # alerts per POST
+GATHER_S = 0.2  # after a change, wait this long for others to come with it
+TIMEOUT_S = 10.0  # one POST, connecting included
+BACKOFF_S = (1.0, 60.0)  # first wait after a failed POST, doubled per failure up to the second
+MAX_FIRING = 10_000  # firing alerts remembered for resending (the alert book keeps at most this many)
+MAX_TEXT = 4_000  # characters of an annotation
+SUMMARY_CHARS = 200
+
+
+def rfc3339(when: float) -> str:
+    """A Unix time as RFC 3339 in UTC, milliseconds: 2026-01-02T03:04:05.678Z."""
+    return datetime.fromtimestamp(when, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def webhook_endpoint(url: str) -> str:
+    """The URL to POST to: `url` + /api/v2/alerts (kept when `url` already ends with it)."""
+    url = url.rstrip("/")
+    return url if url.endswith(API_PATH) else url + API_PATH
+
+
+def instance_label(control_endpoint: str) -> str:
+    """The control endpoint with a loopback or wildcard host replaced by this host's name:
+    two engines on two machines, both on tcp://127.0.0.1:5650, are two instances."""
+    scheme, _, rest = control_endpoint.rpartition("://")
+    host, _, port = rest.rpartition(":")
+    if host in ("127.0.0.1", "localhost", "0.0.0.0", "*", "[::1]", "[::]", "::1", "::"):
+        host = socket.gethostname()
+    return f"{scheme}://{host}:{port}" if scheme else f"{host}:{port}"
+
+
+def to_alertmanager(record: dict, *, instance: str, generator_url: str = "") -> dict:
+    """One AlertBook record as an Alertmanager v2 alert (postableAlert): labels identify it
+    (kind, severity, the alert's id, the engine), annotations describe it, startsAt is when
+    this episode began, endsAt is set once it resolved."""
+    kind = str(record["kind"])
+    labels = {"alertname": kind, "severity": str(record["severity"]),
+              "pagewarden_alert_id": str(record["id"]), "instance": instance}
+    for field in ("pool", "worker"):
+        if record.get(field):
+            labels[field] = str(record[field])
+    detail = str(record.get("detail") or "")
+    annotations = {
+        "summary": _clip(detail.split("\n", 1)[0], SUMMARY_CHARS) or kind,
+        "description": _clip(detail, MAX_TEXT),
+        "help": BY_NAME[kind].help if kind in BY_NAME else "",
+        "count": str(record.get("count", 0)),
+    }
+    if record.get("requests"):
+        annotations["requests"] = _clip(", ".join(map(str, record["requests"])), MAX_TEXT)
+    if record.get("subject"):
+        annotations["subject"] = _clip(str(record["subject"]), SUMMARY_CHARS)
+    alert = {"labels": labels, "annotations": annotations, "startsAt": rfc3339(record["first_seen"])}
+    if record.get("state") == "resolved":
+        alert["endsAt"] = rfc3339(record.get("resolved_at") or time.time())
+    if generator_url:
+        alert["generatorURL"] = generator_url
+    return alert
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _fingerprint(alert: dict) -> tuple:
+    """What Alertmanager tells alerts apart by: the label set."""
+    return tuple(sorted(alert["labels"].items()))
+
+
+class _Firing:
+    __slots__ = ("alert", "last_sent")
+
+    def __init__(self, alert: dict, last_sent: float):
+        self.alert, self.last_sent = alert, last_sent  # last_sent 0: never delivered, due now
+
+
+class AlertForwarder:
+    def __init__(self, *, instance: str, timeout_s: float = TIMEOUT_S, backoff_s: tuple = BACKOFF_S,
+                 gather_s: float = GATHER_S, max_batch: int = MAX_BATCH):
+        """Off until configure() gives it a URL. instance: the engine's `instance` label."""
+        self.instance = instance
+        self.timeout_s, self.backoff_s, self.gather_s, self.max_batch = timeout_s, backoff_s, gather_s, max_batch
+        self.url = self.endpoint = self.generator_url = ""
+        self.resend_s, self.queue_max = 60.0, 1000
+        self.lock = threading.Lock()  # the supervisor thread offers, the posting thread takes
+        # What Alertmanager must hear, each at most queue_max (least recently changed dropped first):
+        self.firing: OrderedDict[str, _Firing] = OrderedDict()  # alert id -> firing alert, (re)sent
+        self.ending: OrderedDict[tuple, dict] = OrderedDict()  # label set -> alert with endsAt, sent once
+        self.sent = self.failed = self.dropped = 0  # alerts delivered, POSTs failed, alerts never delivered
+        self.last_error: str | None = None
+        self.last_sent_at: float | None = None
+        self.failing_since: float | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._stopping = False
+
+    # ---- the supervisor's side: never blocks on the network --------------------------------
+    def configure(self, url: str, *, resend_s: float = 60.0, queue: int = 1000, generator_url: str = "") -> None:
+        """Take a (validated) config: forwarding starts, stops (url empty) or moves to another
+        receiver, which is then told every firing alert at once."""
+        with self.lock:
+            moved = url != self.url
+            self.url, self.endpoint = url, webhook_endpoint(url) if url else ""
+            self.resend_s, self.queue_max, self.generator_url = float(resend_s), int(queue), generator_url
+            if not url:
+                self.firing.clear()
+                self.ending.clear()
+            elif moved:
+                for entry in self.firing.values():
+                    entry.last_sent = 0.0
+            self._trim()
+        if url and self._thread is None:
+            self._thread = threading.Thread(target=self._main, name="alert-forward", daemon=True)
+            self._thread.start()
+        self._poke()
+
+    def offer(self, record: dict) -> None:
+        """An alert record changed (AlertBook publishes it): note what Alertmanager must hear.
+        A firing alert is due at once when it is new (a new episode, or another severity);
+        a repeat of one already sent only refreshes what the next resend carries."""
+        state = record.get("state")
+        if not self.url or state not in ("firing", "resolved"):
+            return
+        alert = to_alertmanager(record, instance=self.instance, generator_url=self.generator_url)
+        aid = str(record["id"])
+        with self.lock:
+            known = self.firing.pop(aid, None)
+            if known is not None and _fingerprint(known.alert) != _fingerprint(alert) and known.last_sent:
+                # severity is a label: to Alertmanager the old one is another alert, which ends now
+                self._end({**known.alert, "endsAt": rfc3339(time.time())})
+            if state == "resolved":
+                if known is not None and known.last_sent:  # (one never sent needs no end)
+                    self._end(alert)
+            else:
+                same = known is not None and known.alert["startsAt"] == alert["startsAt"] \
+                    and _fingerprint(known.alert) == _fingerprint(alert)
+                self.firing[aid] = _Firing(alert, known.last_sent if same else 0.0)
+                self._trim()
+        self._poke()
+
+    def keep(self, ids) -> None:
+        """Forget firing alerts the alert book no longer holds (evicted): they are not resent,
+        and Alertmanager resolves them after its resolve_timeout."""
+        with self.lock:
+            for aid in [a for a in self.firing if a not in ids]:
+                self.dropped += not self.firing.pop(aid).last_sent
+
+    def describe(self) -> dict:
+        """The counts for status and /metrics: sent (alerts delivered, resends included),
+        failed (POSTs that failed), dropped (alerts never delivered: past the bound, or
+        refused by the receiver), queued (waiting for their first delivery)."""
+        with self.lock:
+            queued = len(self.ending) + sum(1 for e in self.firing.values() if not e.last_sent)
+            return {"enabled": bool(self.url), "url": self.endpoint or None, "sent": self.sent,
+                    "failed": self.failed, "dropped": self.dropped, "queued": queued,
+                    "queue_max": self.queue_max, "firing": len(self.firing), "resend_s": self.resend_s,
+                    "last_error": self.last_error, "last_sent_at": self.last_sent_at,
+                    "failing_since": self.failing_since}
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """End the posting thread (a POST in flight is given up to timeout_s)."""
+        self._stopping = True
+        self._poke()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _end(self, alert: dict) -> None:
+        self.ending[_fingerprint(alert)] = alert
+        self._trim()
+
+    def _trim(self) -> None:
+        """Past queue_max, forget the least recently changed; count it when never delivered
+        (a firing one already sent is only not resent: Alertmanager times it out)."""
+        while len(self.ending) > self.queue_max:
+            self.ending.popitem(last=False)
+            self.dropped += 1
+        while len(self.firing) > self.queue_max:
+            self.dropped += not self.firing.popitem(last=False)[1].last_sent
+
+    def _poke(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the loop has closed: nothing to wake
+                pass
+
+    # ---- the posting thread ----------------------------------------------------------------
+    def take(self, now: float) -> tuple[list[dict], list[dict]]:
+        """The next batch: ends (oldest first), then firing alerts due (never sent first)."""
+        with self.lock:
+            ends = []
+            while self.ending and len(ends) < self.max_batch:
+                ends.append(self.ending.popitem(last=False)[1])
+            due = [e for e in self.firing.values() if now - e.last_sent >= self.resend_s]
+            due.sort(key=lambda e: e.last_sent)
+            firing = []
+            for entry in due[:self.max_batch - len(ends)]:
+                entry.last_sent = now
+                firing.append(entry.alert)
+            return ends, firing
+
+    def next_resend(self, now: float) -> float:
+        """Seconds until the next firing alert is due (resend_s when none is firing)."""
+        with self.lock:
+            due = min((e.last_sent + self.resend_s for e in self.firing.values()), default=now + self.resend_s)
+        return max(0.0, due - now)
+
+    def delivered(self, ends: list[dict], firing: list[dict], now: float) -> None:
+        with self.lock:
+            self.sent += len(ends) + len(firing)
+            self.last_sent_at = now
+            if self.failing_since is not None:
+                print(f"alert forwarding: {self.endpoint} takes alerts again", file=sys.stderr, flush=True)
+            self.failing_since = None
+
+    def undelivered(self, ends: list[dict], firing: list[dict], error: str, *, retry: bool) -> None:
+        """A failed POST: its ends wait again, in front (the bound drops them first), its
+        firing alerts are due again. Without retry (the receiver refused them) they are
+        dropped and counted."""
+        with self.lock:
+            self.failed += 1
+            self.last_error = error
+            if self.failing_since is None:
+                self.failing_since = time.time()
+                print(f"alert forwarding: {error}; retrying with backoff", file=sys.stderr, flush=True)
+            if not retry:
+                self.dropped += len(ends) + len(firing)
+                return
+            for alert in reversed(ends):
+                key = _fingerprint(alert)
+                if key not in self.ending:
+                    self.ending[key] = alert
+                    self.ending.move_to_end(key, last=False)
+            for alert in firing:
+                entry = self.firing.get(alert["labels"]["pagewarden_alert_id"])
+                if entry is None and _fingerprint(alert) not in self.ending:
+                    self.dropped += 1  # forgotten past the bound while in flight
+                elif _fingerprint(entry.alert) == _fingerprint(alert):
+                    entry.last_sent = 0.0
+            self._trim()
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except Exception as exc:  # noqa: BLE001 - the supervisor keeps serving; status says why
+            self.last_error = f"alert forwarding stopped: {type(exc).__name__}: {exc}"
+            print(self.last_error, file=sys.stderr, flush=True)
+
+    async def _run(self) -> None:
+        import aiohttp
+
+        self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        failures = 0
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout, headers={"User-Agent": "pagewarden"}) as session:
+            while not self._stopping:
+                self._wake.clear()  # before take(): a change offered after it wakes the wait below
+                ends, firing = self.take(time.time()) if self.url else ([], [])
+                if not ends and not firing:
+                    await self._wait(self.next_resend(time.time()) if self.url else None)
+                    if not self._stopping:
+                        await asyncio.sleep(self.gather_s)  # a burst of changes goes in one POST
+                    continue
+                error, retry = await self._post(session, [*ends, *firing])
+                if error is None:
+                    failures = 0
+                    self.delivered(ends, firing, time.time())
+                    continue
+                failures += 1
+                self.undelivered(ends, firing, error, retry=retry)
+                if retry:
+                    first, most = self.backoff_s
+                    await self._sleep(min(most, first * 2 ** (failures - 1)))
+
+    async def _post(self, session, alerts: list[dict]) -> tuple[str | None, bool]:
+        """(None, _) when delivered; else (why, whether to retry)."""
+        import aiohttp
+
+        try:
+            async with session.post(self.endpoint, json=alerts) as response:
+                if 200 <= response.status < 300:
+                    return None, False
+                body = (await response.text(errors="replace"))[:200]
+                why = f"{self.endpoint} answered {response.status}: {body.strip()}"
+                return why, response.status >= 500 or response.status in (408, 429)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            return f"{self.endpoint}: {type(exc).__name__}: {exc or 'timed out'}", True
+
+    async def _wait(self, timeout_s: float | None) -> None:
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _sleep(self, seconds: float) -> None:
+        """Backoff: new changes only queue meanwhile; stop() ends it."""
+        deadline = time.monotonic() + seconds
+        while not self._stopping and (left := deadline - time.monotonic()) > 0:
+            self._wake.clear()
+            await self._wait(left)
