@@ -18,30 +18,121 @@ class AlertKind(NamedTuple):
     detects_cross_reads: bool  # a detector of cross-request reads: reproduction scores it
     isolation: bool  # an isolation failure (not an admission decision or a worker condition)
     help: str
+    runbook: tuple[str, ...]  # what an operator does next, a few short steps in order
 
+
+# Steps several isolation kinds share (the alert detail shows the incident scope below the runbook)
+_SNAPSHOT_NOW = ("Export an incident snapshot now (right-click the alert: Export incident snapshot…, or Ctrl+E), "
+                 "before the pages are reused and scrubbed")
+_NOTIFY_TENANTS = ("Read \"Tenants in scope\" below: each line says which tenant received whose data. Notify "
+                   "those tenants' owners; Copy scope as JSON for the incident ticket")
+_DRAIN = ("Stop new traffic to this engine (drain it at the load balancer) until the cause is fixed; "
+          "Stop in the Workers panel fails the pool's running requests at once")
+_DEFENCES_ON = ("Check the Faults banner: every defence that is off or fault that is on is a suspect. Keep "
+                "writer_tag_check, manifest_check, deferred_release and scrub on (Reconfigure, Ctrl+R)")
 
 ALERT_KINDS = (
     AlertKind("ownership_violation", "critical", True, True,
-              "a request read or wrote a token slot another request (or nobody) wrote (I1)"),
-    AlertKind("transfer_mismatch", "critical", True, True, "a KV transfer did not match its manifest (I3)"),
-    AlertKind("transfer_timeout", "critical", True, True, "a KV transfer did not complete in time"),
+              "a request read or wrote a token slot another request (or nobody) wrote (I1)",
+              (_SNAPSHOT_NOW, _DRAIN, _DEFENCES_ON, _NOTIFY_TENANTS,
+               "The requests named were aborted (ownership_policy = \"abort\"); under \"report_only\" their "
+               "replies went out: treat those replies as leaked")),
+    AlertKind("transfer_mismatch", "critical", True, True, "a KV transfer did not match its manifest (I3)",
+              (_SNAPSHOT_NOW,
+               "The request was failed (transfer_mismatch) unless manifest_check is off: then its decode may have "
+               "read pages it was not sent. Check the Faults banner for manifest_check off or short_transfer on",
+               _NOTIFY_TENANTS,
+               "If it repeats with every defence on and no fault, it is an engine bug: file it with the snapshot "
+               "and the prefill worker's name")),
+    AlertKind("transfer_timeout", "critical", True, True, "a KV transfer did not complete in time",
+              ("Check the sending prefill worker in the Workers panel: a crashed or silent worker "
+               "(worker_crashed, worker_unresponsive) explains a lost transfer",
+               "The request failed with transfer_timeout (clients got a 503 and may retry)",
+               "If deferred_release is off (Faults banner) the late write can still land in reused pages: "
+               "watch for late_write_landed and export a snapshot (Ctrl+E)",
+               "Repeating under load: lower max_batch or max_prefill_tokens (Reconfigure, Ctrl+R)")),
     AlertKind("late_write_landed", "critical", True, True,
-              "a transfer wrote pages after their reservation ended (I4 off: written anyway)"),
-    AlertKind("late_write_dropped", "warning", True, True, "a late transfer write was dropped (I4)"),
-    AlertKind("canary_leak", "critical", True, True, "a request touched pages a canary wrote"),
-    AlertKind("canary_marker_in_output", "critical", True, True, "a canary's marker text came out in a reply"),
-    AlertKind("admission_rejected", "info", True, False, "a request was refused before any allocation (I2)"),
+              "a transfer wrote pages after their reservation ended (I4 off: written anyway)",
+              (_SNAPSHOT_NOW,
+               "Turn deferred_release back on and early_release off (Reconfigure, Ctrl+R)",
+               _DRAIN,
+               _NOTIFY_TENANTS)),
+    AlertKind("late_write_dropped", "warning", True, True, "a late transfer write was dropped (I4)",
+              ("No data crossed: deferred_release dropped the write. Nobody needs notifying",
+               "Find why the transfer was late: a slow, crashed or restarting prefill worker (Workers panel), "
+               "or a transfer_timeout alert for the same request",
+               "Check the Faults banner for early_release; if no fault is on and it repeats, export a snapshot "
+               "(Ctrl+E) and file it")),
+    AlertKind("canary_leak", "critical", True, True, "a request touched pages a canary wrote",
+              (_SNAPSHOT_NOW,
+               "The path that leaked the canary's pages leaks real tenants' pages too: treat it as an "
+               "ownership violation",
+               _DRAIN,
+               _DEFENCES_ON,
+               _NOTIFY_TENANTS,
+               "After the fix, fire a canary (python main.py canary) and confirm no alert follows")),
+    AlertKind("canary_marker_in_output", "critical", True, True, "a canary's marker text came out in a reply",
+              (_SNAPSHOT_NOW,
+               _DRAIN,
+               "The alert names the request whose reply held the marker: that reply carried another request's "
+               "content, and other replies in this window may too",
+               _NOTIFY_TENANTS,
+               _DEFENCES_ON,
+               "After the fix, fire a canary (python main.py canary) and confirm no alert follows")),
+    AlertKind("admission_rejected", "info", True, False, "a request was refused before any allocation (I2)",
+              ("Usually expected: a request larger than the window or the pools was refused before allocating "
+               "anything; the client got a 400 naming the limit",
+               "If the detail says \"let through\" or \"placeholder\", the admission defence is off or "
+               "placeholder_on_reject is on: fix both (Reconfigure, Ctrl+R) and export a snapshot (Ctrl+E)",
+               "Many refusals from one client: tell it the limit, or raise context_window only if the pools "
+               "hold it (see the Capacity banner)")),
     AlertKind("capacity_exceeds_window", "critical", False, False,
-              "the advertised context window exceeds what the pools can hold"),
-    AlertKind("worker_crashed", "critical", False, False, "a worker process exited"),
-    AlertKind("worker_restarted", "warning", False, False, "a crashed worker was started again by the restart policy"),
-    AlertKind("worker_unresponsive", "warning", False, False, "a worker stopped answering heartbeats"),
+              "the advertised context window exceeds what the pools can hold",
+              ("A request of the full advertised window would not fit in the named pool",
+               "Reconfigure (Ctrl+R): lower context_window to what the detail says fits, or add pages to that pool",
+               "Set engine.strict_capacity = true so an engine in this state refuses to start",
+               "The alert resolves, and the Capacity banner hides, once every pool holds the window")),
+    AlertKind("worker_crashed", "critical", False, False, "a worker process exited",
+              ("Read the exit code or signal in the detail (signal 9: killed, often out of memory; check the "
+               "host's kernel log)",
+               "The worker's last 40 log lines travel with the alert (log_tail): export a snapshot (Ctrl+E) "
+               "to keep them",
+               "Its running requests failed (worker_crashed, a 503 to clients); they may retry",
+               "The restart policy ([workers] restart, restart_limit, restart_backoff_ms) starts it again; after "
+               "restart_limit crashes in a row it stays down: fix the cause, then Start it in the Workers panel")),
+    AlertKind("worker_restarted", "warning", False, False, "a crashed worker was started again by the restart policy",
+              ("The worker_crashed alert before this one holds the cause (exit code, log tail)",
+               "The detail counts crashes in a row against restart_limit: a crash loop ends with the worker down",
+               "If it keeps crashing, Stop it in the Workers panel and fix the cause (memory, device, model path) "
+               "first")),
+    AlertKind("worker_unresponsive", "warning", False, False, "a worker stopped answering heartbeats",
+              ("The worker is busy (a long prefill, a kernel compile) or hung: check its state and in-flight "
+               "requests in the Workers panel",
+               "One long prompt at a time: lower max_prefill_tokens (Reconfigure, Ctrl+R)",
+               "Still silent after a minute: Restart it in the Workers panel (its running requests fail)",
+               "The alert resolves when heartbeats come back or the worker exits")),
     AlertKind("reconfigure_rolled_back", "error", False, False,
-              "a worker restarted for a reconfigure crashed before it was ready: the old config is back"),
-    AlertKind("internal_error", "error", False, False, "the server failed to handle a message"),
+              "a worker restarted for a reconfigure crashed before it was ready: the old config is back",
+              ("Nothing runs the new configuration: the previous one is back on every worker",
+               "The detail names the worker and why it crashed; its worker_crashed alert holds the log tail",
+               "Usual causes: pools too large for the device's memory, a model path or dtype the worker cannot "
+               "load. Fix that value and Reconfigure (Ctrl+R) again")),
+    AlertKind("internal_error", "error", False, False, "the server failed to handle a message",
+              ("One message failed (its client got internal_error); the engine went on serving",
+               "The subject names where and the exception type, the detail the message: export a snapshot "
+               "(Ctrl+E) and file a bug with both",
+               "Repeating for one peer: that client sends something the engine mishandles; the alert names the "
+               "peer")),
     AlertKind("telemetry_subscriptions_capped", "warning", False, False,
-              "more distinct telemetry subscriptions than the limit: the publisher was reset"),
-    AlertKind("probe_error", "warning", False, False, "the app's black-box probe could not run a round"),
+              "more distinct telemetry subscriptions than the limit: the publisher was reset",
+              ("Viewers reconnected and saw a sequence gap; press F5 in a viewer whose page maps look stale",
+               "Find the client that subscribes to many distinct topics (one per request?) and make it "
+               "subscribe by prefix, or attach fewer viewers")),
+    AlertKind("probe_error", "warning", False, False, "the app's black-box probe could not run a round",
+              ("Read the detail: the probed endpoint refused, timed out or answered in a shape the probe did "
+               "not expect",
+               "Check the endpoint URL, model name and API key in the probe settings, and that the server is up",
+               "Until a round runs again, replies are not being checked for other requests' data")),
 )
 
 BY_NAME = {kind.name: kind for kind in ALERT_KINDS}

@@ -14,6 +14,14 @@ import time
 from dataclasses import dataclass
 
 
+def tenant_sentence(reader_tenant: str | None, source_tenant: str | None) -> str:
+    """"tenant A received tenant B's data"; a side whose tenant is not known is named so. The
+    banner and the alert detail's incident scope both say it this way."""
+    reader = f"tenant {reader_tenant}" if reader_tenant else "a request of no known tenant"
+    source = f"tenant {source_tenant}'s data" if source_tenant else "data of a request of no known tenant"
+    return f"{reader} received {source}"
+
+
 @dataclass(frozen=True)
 class Crossing:
     seq: int
@@ -73,9 +81,9 @@ class CrossingWatch:
     def acknowledge(self) -> None:
         self.acknowledged = self.pairs
 
-    def tenants(self) -> set[tuple[str, str]]:
-        """(reader tenant, source tenant) pairs among the recent crossings."""
-        return {(c.reader_tenant or "?", c.source_tenant or "?") for c in self.recent}
+    def tenants(self) -> set[tuple[str | None, str | None]]:
+        """(reader tenant, source tenant) pairs among the recent crossings (None: not known)."""
+        return {(c.reader_tenant or None, c.source_tenant or None) for c in self.recent}
 
     def lines(self, limit: int = 3) -> list[str]:
         """The banner's text: counts, tenants, the newest pairs and when the last one came."""
@@ -85,10 +93,10 @@ class CrossingWatch:
         new = self.unacknowledged
         head = (f"{new:,} new pair(s) of requests since you last acknowledged ({self.pairs:,} in all, "
                 f"{self.reads:,} cross reads); last new pair at {when}")
-        tenants = sorted(self.tenants())
+        tenants = sorted(self.tenants(), key=lambda pair: (pair[0] or "", pair[1] or ""))
         out = [head]
         if tenants:
-            out.append("Tenants: " + ", ".join(f"{r} received {s}'s data" for r, s in tenants[:6])
+            out.append("Tenants: " + ", ".join(tenant_sentence(r, s) for r, s in tenants[:6])
                        + (" …" if len(tenants) > 6 else ""))
         out += [c.sentence() for c in reversed(self.recent[-limit:])]
         return out

@@ -90,7 +90,7 @@ _PAIR = _record({
     "pages": {"type": "array", "items": {"type": "array", "prefixItems": [_STR, _INT],
                                          "minItems": 2, "maxItems": 2}},
     "first": _NUM, "last": _NUM, "reads": _COUNT,
-})
+}, {"source_tenant": _OPT_STR, "reader_tenant": _OPT_STR})
 
 STATE = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -1,5 +1,6 @@
-"""AlertDetail: the selected alert in full, and the incident scope around it: which requests
-received data written by which others, through which pages, when (the engine's `scope`).
+"""AlertDetail: the selected alert in full, what to do next (its kind's runbook), and the
+incident scope around it: which tenants and requests received data written by which others,
+through which pages, when (the engine's `scope`), copyable as text or JSON.
 
 Request ids are links: clicking one selects that request in the page maps and the table.
 """
@@ -8,12 +9,15 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import json
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QTextBrowser, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QHBoxLayout, QPushButton, QTextBrowser, QVBoxLayout, QWidget
 
+from engine.wire.alert_kinds import BY_NAME
 from gui import theme
 from gui.model.engine_state import AlertRow, EngineState
+from gui.model.scope_summary import scope_document, scope_text, tenant_pairs
 from gui.widgets.state_view import StateView
 
 SCOPE_MARGIN_S = 5.0  # the scope asked for: the alert's lifetime, padded on both sides
@@ -25,6 +29,23 @@ def _time(t: float) -> str:
 
 def _link(request_id: str) -> str:
     return f"<a href='request:{html.escape(request_id)}'>{html.escape(request_id)}</a>"
+
+
+def _who(pair: dict, side: str) -> str:
+    """A pair's reader or source as a link, with its tenant; an unknown source by its slot."""
+    rid = pair.get(side)
+    name = _link(rid) if rid else f"slot {html.escape(str(pair.get(f'{side}_slot', '?')))}"
+    tenant = pair.get(f"{side}_tenant")
+    return f"{name} <small>({html.escape(f'tenant {tenant}' if tenant else 'no known tenant')})</small>"
+
+
+def runbook_html(kind: str) -> str:
+    """The "What to do next" steps of an alert kind (html-escaped); "" for a kind not declared."""
+    declared = BY_NAME.get(kind)
+    if declared is None:
+        return ""
+    steps = "".join(f"<li>{html.escape(step)}</li>" for step in declared.runbook)
+    return f"<p><b>What to do next</b></p><ol>{steps}</ol>"
 
 
 class AlertDetail(StateView, QWidget):
@@ -39,9 +60,20 @@ class AlertDetail(StateView, QWidget):
         self.view = QTextBrowser()
         self.view.setOpenLinks(False)
         self.view.anchorClicked.connect(lambda url: self.request_clicked.emit(url.toString().removeprefix("request:")))
+        self.copy_text_button = QPushButton("Copy scope as text")
+        self.copy_text_button.setToolTip("One line per tenant pair: its request pairs, pages, first and last time")
+        self.copy_text_button.clicked.connect(lambda: self.copy_scope("text"))
+        self.copy_json_button = QPushButton("Copy scope as JSON")
+        self.copy_json_button.setToolTip("The alert, the tenant pairs and every request pair, as a JSON document")
+        self.copy_json_button.clicked.connect(lambda: self.copy_scope("json"))
+        buttons = QHBoxLayout()
+        buttons.addStretch(1)
+        buttons.addWidget(self.copy_text_button)
+        buttons.addWidget(self.copy_json_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.view)
+        layout.addLayout(buttons)
         self.show_alert(None)
 
     def show_alert(self, alert: AlertRow | None) -> None:
@@ -60,8 +92,28 @@ class AlertDetail(StateView, QWidget):
         self.pairs = pairs
         self._render()
 
+    def tenant_of(self, request_id: str) -> str | None:
+        """A request's tenant from the requests the window knows (pairs from an older engine lack it)."""
+        row = self.state.requests.get(request_id)
+        return (row.tenant or None) if row is not None else None
+
+    def copy_scope(self, form: str = "text") -> str:
+        """Put the incident scope on the clipboard ("text": one line per tenant pair, or "json");
+        returns what was copied ("" while there is no scope to copy)."""
+        if self.alert is None or self.pairs is None:
+            return ""
+        if form == "json":
+            text = json.dumps(scope_document(self.alert, self.pairs, self.tenant_of), indent=1)
+        else:
+            text = scope_text(self.alert, self.pairs, self.tenant_of)
+        QApplication.clipboard().setText(text)
+        return text
+
     def _render(self) -> None:
         alert = self.alert
+        has_scope = alert is not None and self.pairs is not None
+        self.copy_text_button.setEnabled(has_scope)
+        self.copy_json_button.setEnabled(has_scope)
         if alert is None:
             self.view.setHtml("<p>Select an alert to see its requests, pages and the incident scope.</p>")
             return
@@ -75,6 +127,7 @@ class AlertDetail(StateView, QWidget):
             f"<p>{html.escape(alert.detail)}</p>",
             f"<p><b>Requests</b>: {requests}<br><b>Pages</b>{' of ' + html.escape(alert.pool) if alert.pool else ''}"
             f": {pages}</p>",
+            runbook_html(alert.kind),
         ]
         if self.pairs is None:
             parts.append("<p><i>Asking the engine for the incident scope…</i></p>")
@@ -82,11 +135,21 @@ class AlertDetail(StateView, QWidget):
             parts.append("<p><b>Incident scope</b>: no request received another request's data in this "
                          "window.</p>")
         else:
-            rows = "".join(
-                f"<tr><td>{_link(p['reader'])}</td><td>{_link(p['source']) if p.get('source') else 'slot ' + str(p['source_slot'])}</td>"
-                f"<td>{len(p['pages'])}</td><td>{p['reads']}</td><td>{_time(p['first'])}–{_time(p['last'])}</td></tr>"
-                for p in self.pairs)
-            parts.append(f"<p><b style='color:{theme.color('danger').name()}'>Incident scope: {len(self.pairs)} "
-                         "affected pair(s)</b></p><table cellspacing=6><tr><th>received</th><th>data of</th>"
-                         f"<th>pages</th><th>reads</th><th>when</th></tr>{rows}</table>")
+            parts.append(self._scope_html())
         self.view.setHtml("".join(parts))
+
+    def _scope_html(self) -> str:
+        """Tenants in scope (one sentence per tenant pair), then every request pair."""
+        groups = tenant_pairs(self.pairs, self.tenant_of)
+        tenants = "".join(
+            f"<li>{html.escape(g.sentence)}: {len(g.pairs)} request pair(s), {g.pages} page(s), "
+            f"{_time(g.first or 0)}–{_time(g.last or 0)}</li>" for g in groups)
+        rows = "".join(
+            f"<tr><td>{_who(p, 'reader')}</td><td>{_who(p, 'source')}</td><td>{len(p.get('pages') or [])}</td>"
+            f"<td>{p.get('reads', 0)}</td><td>{_time(p.get('first') or 0)}–{_time(p.get('last') or 0)}</td></tr>"
+            for g in groups for p in g.pairs)
+        count = sum(len(g.pairs) for g in groups)
+        return (f"<p><b style='color:{theme.color('danger').name()}'>Incident scope: {count} affected pair(s)</b></p>"
+                f"<p><b>Tenants in scope</b></p><ul>{tenants}</ul>"
+                "<table cellspacing=6><tr><th>received</th><th>data of</th><th>pages</th><th>reads</th><th>when</th>"
+                f"</tr>{rows}</table>")

@@ -18,7 +18,7 @@ def test_new_pairs_are_announced_once_and_acknowledge_lasts_until_the_next():
     assert watch.update({"pairs": 1, "reads": 9, "recent": [_pair(1, 100.0)]}, "e1") == []  # announced already
     lines = watch.lines()
     assert "1 new pair(s)" in lines[0] and "9 cross reads" in lines[0]
-    assert "tenant-b received tenant-a's data" in lines[1]
+    assert "tenant tenant-b received tenant tenant-a's data" in lines[1]
     assert "r2 (tenant tenant-b) received data of r1 (tenant tenant-a)" in lines[2]
     watch.acknowledge()
     assert watch.unacknowledged == 0 and watch.lines() == []
