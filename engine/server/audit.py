@@ -1,32 +1,105 @@
-"""AuditLog: what happened to each request, in order, for tests and incident scoping."""
+"""AuditLog: what happened to each request, in order, for tests and incident scoping.
+
+Bounded three ways, because an incident is exactly when it fills up (issue 15: one reader
+collected 672 events, 1.4 MB, and a three-wave incident made a 154 MB `history` answer):
+- at most `max_requests` subjects (the oldest subject goes first);
+- an event that repeats (alerts, cross reads, ownership violations) is recorded once per
+  (event, role, prevented, pool): later ones raise its `repeated` count and `last_time`
+  and add to `<list field>_total`;
+- a list field keeps its first MAX_LIST items (its length is in `<field>_total`), and a
+  subject keeps at most MAX_EVENTS events (the rest are counted in `elided`).
+Every subject gets a sequence number when it is first seen: `since(..., after=seq)` pages
+through the log in that order, so an answer never has to hold all of it.
+"""
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
 
 MAX_REQUESTS = 100_000
+MAX_EVENTS = 256  # per subject
+MAX_LIST = 16  # items kept of one list field
+REPEATING = ("alert:", "cross_read", "ownership_violation")  # prefixes of events merged when repeated
+
+
+@dataclass
+class _Subject:
+    seq: int
+    events: list[dict] = field(default_factory=list)
+    merged: dict[tuple, int] = field(default_factory=dict)  # merge key -> index in events
+    elided: int = 0
+
+    def listing(self) -> list[dict]:
+        out = list(self.events)
+        if self.elided:
+            out.append({"event": "elided", "time": out[-1]["time"] if out else 0.0, "count": self.elided,
+                        "message": f"{self.elided:,} more events were not kept (at most {MAX_EVENTS} per request)"})
+        return out
+
+
+def _bounded(fields: dict) -> dict:
+    out = {}
+    for key, value in fields.items():
+        if isinstance(value, (list, tuple)) and len(value) > MAX_LIST:
+            out[key], out[f"{key}_total"] = list(value[:MAX_LIST]), len(value)
+        else:
+            out[key] = value
+    return out
 
 
 class AuditLog:
     def __init__(self, max_requests: int = MAX_REQUESTS):
         self.max_requests = max_requests
-        self._events: OrderedDict[str, list[dict]] = OrderedDict()
+        self._subjects: OrderedDict[str, _Subject] = OrderedDict()
+        self._next_seq = 1
 
     def record(self, request_id: str, event: str, **fields) -> None:
-        events = self._events.get(request_id)
-        if events is None:
-            events = self._events[request_id] = []
-            if len(self._events) > self.max_requests:
-                self._events.popitem(last=False)  # forget the oldest request
-        events.append({"event": event, "time": time.time(), **fields})
+        subject = self._subjects.get(request_id)
+        if subject is None:
+            subject = self._subjects[request_id] = _Subject(self._next_seq)
+            self._next_seq += 1
+            if len(self._subjects) > self.max_requests:
+                self._subjects.popitem(last=False)  # forget the oldest request
+        now = time.time()
+        key = None
+        if event.startswith(REPEATING):
+            key = (event, fields.get("role"), fields.get("prevented"), fields.get("pool"))
+            index = subject.merged.get(key)
+            if index is not None:
+                first = subject.events[index]
+                first["repeated"] = first.get("repeated", 1) + 1
+                first["last_time"] = now
+                for name, value in fields.items():
+                    if isinstance(value, (list, tuple)):
+                        total = f"{name}_total"
+                        first[total] = first.get(total, len(first.get(name) or [])) + len(value)
+                return
+        if len(subject.events) >= MAX_EVENTS:
+            subject.elided += 1
+            return
+        if key is not None:
+            subject.merged[key] = len(subject.events)
+        subject.events.append({"event": event, "time": now, **_bounded(fields)})
 
     def events(self, request_id: str) -> list[dict]:
-        return list(self._events.get(request_id, []))
+        subject = self._subjects.get(request_id)
+        return subject.listing() if subject is not None else []
 
     def __len__(self) -> int:
-        return len(self._events)
+        return len(self._subjects)
 
-    def since(self, since: float) -> list[tuple[str, list[dict]]]:
-        """(subject, events) of every subject with an event at or after `since`."""
-        return [(rid, list(events)) for rid, events in self._events.items() if events[-1]["time"] >= since]
+    def since(self, since: float, *, after: int = 0, limit: int | None = None) -> list[tuple[str, list[dict], int]]:
+        """(subject, events, seq) of subjects with an event at or after `since`, in the order
+        they were first seen, starting after sequence number `after`; at most `limit`."""
+        out = []
+        for rid, subject in self._subjects.items():
+            if subject.seq <= after or not subject.events:
+                continue
+            latest = max(subject.events[-1]["time"], max(e.get("last_time", 0.0) for e in subject.events))
+            if latest >= since:
+                out.append((rid, subject.listing(), subject.seq))
+                if limit is not None and len(out) >= limit:
+                    break
+        return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import time
 
+import msgpack
 import zmq
 
 from engine import __version__
@@ -14,11 +15,25 @@ from engine.request import SamplingParams
 from engine.server.reconfigure import reconfigure
 from engine.server.request_record import Phase, RequestRecord
 from engine.server.worker_handle import WorkerState
-from engine.wire.protocol import CANARY_PREFIX, CANARY_TENANT, Message, ProtocolError, field_of, pack, reply
+from engine.wire.protocol import (
+    CANARY_PREFIX,
+    CANARY_TENANT,
+    MAX_CONTROL_FRAME,
+    Message,
+    ProtocolError,
+    error_reply,
+    field_of,
+    pack,
+    reply,
+)
 from engine.wire.roles import CLIENT_OPS, OP_ROLES, allows
 
 MAX_PROMPT_TOKENS = 1 << 21
 # Settings a worker applies between steps; anything else in [engine] or [pools] restarts it.
+
+
+HISTORY_PAGE_SUBJECTS = 2_000  # requests (and engine subjects) in one `history` answer, at most
+HISTORY_PAGE_BYTES = 16 << 20  # and about this many bytes: a page stops once it holds more
 
 
 class ControlOps:
@@ -60,7 +75,14 @@ class ControlOps:
             raise Forbidden(f"request {rec.request_id} belongs to another client; only it or an admin may {what} it")
 
     def _reply(self, identity: bytes, msg: Message, result: dict | None = None, arrays=None) -> None:
-        self.sup.to_client(identity, reply(msg.get("id"), result, arrays))
+        frames = reply(msg.get("id"), result, arrays)
+        size = max(len(f) for f in frames)
+        if size > MAX_CONTROL_FRAME:  # the client would drop it unseen and wait for its timeout
+            self.sup.counters["answers_too_large"] += 1
+            frames = error_reply(msg.get("id"), "answer_too_large",
+                                 f"the answer to {msg.get('op')!r} would be {size:,} bytes in one frame; the limit is "
+                                 f"{MAX_CONTROL_FRAME:,}: ask for a shorter window or page through it")
+        self.sup.to_client(identity, frames)
 
     # ---- requests ---------------------------------------------------------------------
     def op_submit(self, identity: bytes, msg: Message) -> None:
@@ -220,6 +242,7 @@ class ControlOps:
             "telemetry_seq": dict(sup.telemetry.seq),
             "telemetry": sup.telemetry.describe(),
             "canaries": sup.canaries.describe(),
+            "alert_forwarding": sup.forwarder.describe(),
         }
         if not brief:
             result["alerts"] = sup.alerts.records()
@@ -231,14 +254,16 @@ class ControlOps:
         """Data that crossed between requests, for the app's banner: how many distinct (source,
         reader) pairs so far, and the newest ones with their tenants."""
         reads = self.sup.reads
+        recent = [self._with_tenants(p) for p in reads.recent_pairs]
+        return {"pairs": reads.pair_count, "reads": reads.total, "recent": recent}
 
+    def _with_tenants(self, pair: dict) -> dict:
+        """A (source, reader) pair with the tenants of both requests (None: unknown by now)."""
         def tenant(rid):
             rec = self.sup.book.get(rid) if rid else None
             return rec.tenant if rec is not None else None
 
-        recent = [{**p, "source_tenant": tenant(p["source"]), "reader_tenant": tenant(p["reader"])}
-                  for p in reads.recent_pairs]
-        return {"pairs": reads.pair_count, "reads": reads.total, "recent": recent}
+        return {**pair, "source_tenant": tenant(pair["source"]), "reader_tenant": tenant(pair["reader"])}
 
     def fire_canary(self) -> RequestRecord:
         """Send one canary request now (tenant `canary`, a fresh random marker)."""
@@ -265,10 +290,11 @@ class ControlOps:
         self._reply(identity, msg, {"request_id": rec.request_id, "slot": rec.slot, "marker": canary.marker})
 
     def op_scope(self, identity: bytes, msg: Message) -> None:
-        """Affected pairs in a time window (wall-clock seconds; default everything kept)."""
+        """Affected pairs in a time window (wall-clock seconds; default everything kept), with
+        their tenants where the requests are still known."""
         since = field_of(msg, "since", "float", default=None)
         until = field_of(msg, "until", "float", default=None)
-        pairs = self.sup.reads.scope(since, until)
+        pairs = [self._with_tenants(p) for p in self.sup.reads.scope(since, until)]
         reads = self.sup.reads
         self._reply(identity, msg, {"pairs": pairs, "reads": reads.total, "since": since, "until": until,
                                     "incomplete_before": reads.incomplete_before(since),
@@ -285,19 +311,30 @@ class ControlOps:
         summarised). Prompts appear as length and hash only."""
         sup = self.sup
         since = field_of(msg, "since", "float", default=0.0)
-        requests, other = [], []
-        for subject, events in sup.audit.since(since):
+        after = field_of(msg, "after", "int", default=0, low=0)
+        limit = field_of(msg, "limit", "int", default=HISTORY_PAGE_SUBJECTS, low=1, high=HISTORY_PAGE_SUBJECTS)
+        requests, other, size, last, more = [], [], 0, after, None
+        for subject, events, seq in sup.audit.since(since, after=after, limit=limit + 1):
+            if len(requests) + len(other) >= limit or size >= HISTORY_PAGE_BYTES:
+                more = last  # the page is full: the next one starts after the last subject in it
+                break
             rec = sup.book.get(subject)
             if rec is not None:
-                requests.append({**rec.describe(), "events": events})
+                item = {**rec.describe(), "events": events}
+                requests.append(item)
             elif events[0]["event"] in ("rejected", "admitted"):
                 phase = "rejected" if events[0]["event"] == "rejected" else "forgotten"
-                requests.append({"request_id": subject, "phase": phase, "events": events,
-                                 "arrival": events[0]["time"]})
+                item = {"request_id": subject, "phase": phase, "events": events, "arrival": events[0]["time"]}
+                requests.append(item)
             else:
-                other.append({"subject": subject, "events": events})
+                item = {"subject": subject, "events": events}
+                other.append(item)
+            size += len(msgpack.packb(item, use_bin_type=True))
+            last = seq
+        # the telemetry kept comes with the first page; `next` asks for the page after this one
         self._reply(identity, msg, {"since": since, "until": time.time(), "requests": requests,
-                                    "engine_events": other, "telemetry": sup.telemetry.since(since)})
+                                    "engine_events": other, "next": more,
+                                    "telemetry": sup.telemetry.since(since) if not after else []})
 
     def op_ground_truth(self, identity: bytes, msg: Message) -> None:
         """Every decode worker's own list of the cross-request reads it saw happen."""

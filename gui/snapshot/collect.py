@@ -44,6 +44,13 @@ def collect(client, *, since: float | None = None, endpoint: str = "", progress=
         since = float(engine.get("time", time.time())) - float(engine.get("uptime_s", 0.0)) - 1.0
     step(0.1, "requests and their events")
     history = client.call("history", since=since)
+    requests, engine_events = list(history.get("requests", [])), list(history.get("engine_events", []))
+    telemetry = history.get("telemetry", [])  # with the first page only
+    while history.get("next"):  # the engine pages a long window: at most ~16 MB an answer
+        step(0.1 + 0.4 * (1 - 1 / (1 + len(requests) / 2_000)), f"requests and their events ({len(requests):,} so far)")
+        history = client.call("history", since=since, after=int(history["next"]))
+        requests += history.get("requests", [])
+        engine_events += history.get("engine_events", [])
     step(0.5, "affected pairs")
     scope = client.call("scope", since=since)
     step(0.6, "prompt log")
@@ -59,14 +66,14 @@ def collect(client, *, since: float | None = None, endpoint: str = "", progress=
         pages[name] = client.page_metadata(name)
         pools.append({"name": name, "role": worker.get("role"), "pages": int(pool.get("pages") or 0),
                       "page_size": int(pool.get("page_size") or 0), "worker": worker.get("name")})
-    until = float(history.get("until", time.time()))
+    until = float(history.get("until", time.time()))  # the last page's
     state = {
         "schema": STATE_SCHEMA,
         "window": {"since": float(since), "until": until},
         "engine": engine,
         "workers": status.get("workers", []),
         "pools": pools,
-        "requests": history.get("requests", []),
+        "requests": requests,
         "alerts": status.get("alerts", []),
         "capacity": status.get("capacity", []),
         "scope": {"pairs": scope.get("pairs", []), "reads": int(scope.get("reads", 0)),
@@ -74,7 +81,7 @@ def collect(client, *, since: float | None = None, endpoint: str = "", progress=
                   "dropped_reads": int(scope.get("dropped_reads") or 0)},
         "prompt_log": prompt_log,
         "counters": status.get("counters", {}),
-        "engine_events": history.get("engine_events", []),
+        "engine_events": engine_events,
     }
     now = time.time()
     manifest = {
@@ -93,4 +100,4 @@ def collect(client, *, since: float | None = None, endpoint: str = "", progress=
         "config": status.get("config", {}),
         "privacy": PRIVACY,
     }
-    return Snapshot(manifest, state, pages, history.get("telemetry", []))
+    return Snapshot(manifest, state, pages, telemetry)
