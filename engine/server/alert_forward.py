@@ -71,6 +71,8 @@ def to_alertmanager(record: dict, *, instance: str, generator_url: str = "") -> 
         "summary": _clip(detail.split("\n", 1)[0], SUMMARY_CHARS) or kind,
         "description": _clip(detail, MAX_TEXT),
         "help": BY_NAME[kind].help if kind in BY_NAME else "",
+        "runbook": _clip("\n".join(f"{i}. {step}" for i, step in enumerate(BY_NAME[kind].runbook, 1)), MAX_TEXT)
+        if kind in BY_NAME else "",
         "count": str(record.get("count", 0)),
     }
     if record.get("requests"):

@@ -70,6 +70,7 @@ def test_a_record_becomes_an_alertmanager_v2_alert():
     assert notes["summary"] == "request r-2 needs 65 tokens of the prefill pool, which holds 64"  # first line
     assert notes["description"].endswith("\nmore") and notes["requests"] == "r-1, r-2"
     assert notes["help"] == BY_NAME["admission_rejected"].help
+    assert notes["runbook"].startswith("1. ") and BY_NAME["admission_rejected"].runbook[0] in notes["runbook"]
     assert all(isinstance(v, str) for v in [*alert["labels"].values(), *notes.values()])  # the v2 API's types
     assert alert["startsAt"] == "2026-01-02T02:50:45.500Z"
     assert datetime.fromisoformat(alert["startsAt"]).timestamp() == 1_767_322_245.5
