@@ -12,6 +12,7 @@ from engine.adapters.kv_attach import KvAttach, check_kv_attach
 from engine.adapters.kv_event_decode import KvEventError
 from gui.hosting import HostedEngine
 from gui.main_window import MainWindow
+from gui.quit_signals import QuitSignals
 from gui.transport import TransportThread
 
 
@@ -103,6 +104,12 @@ class App:
         self.window.statusBar().showMessage(why)
         self.window.status_line.set_connection("hosted engine stopped")
 
+    def quit(self, *_) -> None:
+        """What File -> Quit does (close the window, which stops the hosted engine), and end
+        the event loop even while a modal dialog holds it."""
+        self.window.close()
+        QApplication.quit()
+
     def stop_hosted(self) -> None:
         if self.hosted is not None:
             self.hosted.stop()
@@ -118,6 +125,15 @@ def run_gui(args) -> int:
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    signals = QuitSignals(app).install()  # kill -TERM / Ctrl+C / a closed terminal: quit like Ctrl+Q
+    signals.received.connect(shell.quit)
+    try:
+        return _run(app, shell, args)
+    finally:
+        signals.uninstall()
+
+
+def _run(app: QApplication, shell: App, args) -> int:
     window = shell.window
     try:
         shell.start()

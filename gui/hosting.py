@@ -3,15 +3,19 @@
 The same code path as attaching: once the child prints its endpoints, the window
 attaches to them like to any remote engine. Closing the window stops it cleanly
 (SIGTERM: the supervisor stops its workers), killing it only if it does not exit in time.
+A GUI that dies without closing (kill -9, a crash) takes it along too: the child asks the
+kernel for SIGTERM when its parent exits (engine/parent_watch.py, Linux).
 """
 
 from __future__ import annotations
 
 import json
+import os
 
-from PySide6.QtCore import QObject, QProcess, Signal
+from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Signal
 
 from engine.client.local_server import REPO_ROOT, serve_command
+from engine.parent_watch import PARENT_ENV
 
 STOP_TIMEOUT_MS = 15_000
 
@@ -26,6 +30,9 @@ class HostedEngine(QObject):
         self.extra_args = extra_args or []
         self.proc = QProcess(self)
         self.proc.setWorkingDirectory(str(REPO_ROOT))
+        env = QProcessEnvironment.systemEnvironment()
+        env.insert(PARENT_ENV, str(os.getpid()))  # serve dies with this process, however it ends
+        self.proc.setProcessEnvironment(env)
         self.proc.setProcessChannelMode(QProcess.ProcessChannelMode.SeparateChannels)
         self.proc.readyReadStandardOutput.connect(self._read_stdout)
         self.proc.finished.connect(self._finished)
