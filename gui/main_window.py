@@ -42,9 +42,11 @@ from gui.widgets.alerts_table import AlertsTable
 from gui.widgets.capacity_banner import CapacityBanner
 from gui.widgets.crossing_banner import CrossingBanner
 from gui.widgets.faults_banner import FaultsBanner
+from gui.widgets.history_bar import HistoryBar
 from gui.widgets.metrics_plots import MetricsPlots
 from gui.widgets.notifier import Notifier
 from gui.widgets.page_map import PageMapWidget
+from gui.widgets.request_timeline import RequestTimeline
 from gui.widgets.requests_table import RequestsTable
 from gui.widgets.snapshot_banner import SnapshotBanner
 from gui.widgets.state_view import StateView
@@ -105,6 +107,8 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self.crossing_banner = CrossingBanner(state)
         self.faults_banner = FaultsBanner(state)
         self.page_map = PageMapWidget(state)
+        self.history_bar = HistoryBar(state)
+        self.history_bar.frame_chosen.connect(self.page_map.show_frame)
         central = QWidget()
         layout = QVBoxLayout(central)
         layout.setContentsMargins(4, 4, 4, 4)
@@ -115,6 +119,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         layout.addWidget(self.banner)
         layout.addWidget(self.faults_banner)
         layout.addWidget(self.page_map, 1)
+        layout.addWidget(self.history_bar)
         self.setCentralWidget(central)
         self.requests_table = RequestsTable(state)
         self.alerts_table = AlertsTable(state)
@@ -127,7 +132,13 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         alerts.setStretchFactor(0, 3)
         alerts.setStretchFactor(1, 2)
         bottom = QTabWidget()
-        bottom.addTab(self.requests_table, "Requests")
+        self.request_timeline = RequestTimeline(state)
+        requests = QSplitter(Qt.Orientation.Horizontal)
+        requests.addWidget(self.requests_table)
+        requests.addWidget(self.request_timeline)
+        requests.setStretchFactor(0, 3)
+        requests.setStretchFactor(1, 2)
+        bottom.addTab(requests, "Requests")
         alerts_index = bottom.addTab(alerts, "Alerts")
         self.bottom_tabs = bottom
         self.alerts_badge = AlertsTabBadge(state, bottom, alerts_index)
@@ -309,6 +320,8 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
             self._update_enablement()
             return
         self.state.check_stale(connected=self.connection == "connected", live=self.snapshot is None)
+        if self.snapshot is None:
+            self.state.record_history()
         self.state.events.frame.mark()
         self.state.events.flush()
         self._update_enablement()

@@ -19,10 +19,12 @@ from engine.wire.page_tags import PageState
 from engine.wire.protocol import Message
 from gui.model.crossings import Crossing, CrossingWatch
 from gui.model.events import Events
+from gui.model.page_history import PageHistory
 from gui.model.selection import Selection
 
 MAX_REQUESTS = 5_000  # rows kept in the requests table (oldest finished ones go first)
 MAX_ALERTS = 2_000
+MAX_TIMELINE = 32  # phase changes kept per request
 RUNNING_STATES = ("ready", "starting", "draining")  # a worker's states with its process up
 STALE_AFTER_S = 3.0  # no telemetry for this long: show everything as stale, not healthy
 METRIC_WINDOW_S = 600.0  # the plots show the last ten minutes
@@ -32,7 +34,7 @@ METRIC_SERIES = ("tokens_per_s", "ttft_ms_p50", "tpot_ms_p50", "queue_depth", "r
 # frame (every repaint: what depends on the clock alone); check_stale marks stale;
 # selection is emitted at once by `selection`.
 EVENTS = ("pages", "requests", "alerts", "workers", "capacity", "engine", "metrics", "connection", "stale",
-          "frame", "selection", "crossings")
+          "frame", "selection", "crossings", "history")
 
 
 @dataclass
@@ -75,10 +77,20 @@ class RequestRow:
     finish_reason: str | None = None
     error: dict | None = None
     updated: float = 0.0
+    arrival: float | None = None  # engine wall clock
+    timeline: list[tuple[str, float]] = field(default_factory=list)  # (phase, engine wall time it began)
+    first_token_at: float | None = None  # engine wall clock
 
     @property
     def done(self) -> bool:
         return self.phase in ("finished", "failed", "rejected", "cancelled")
+
+    def note_phase(self, phase: str, at: float) -> None:
+        """The phase as seen at engine time `at`: a new entry when it changed (bounded)."""
+        if not self.timeline or self.timeline[-1][0] != phase:
+            if len(self.timeline) >= MAX_TIMELINE:
+                del self.timeline[1]  # keep the arrival
+            self.timeline.append((phase, at))
 
 
 @dataclass
@@ -100,9 +112,14 @@ class AlertRow:
     previous_engine: bool = False  # raised by an engine that has since gone (restarted or replaced)
 
 
+def _number(value, default: float) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
 class EngineState:
     def __init__(self):
         self.pages = PageMirror()
+        self.history = PageHistory()  # the page maps of the last minutes (record_history)
         self.requests: OrderedDict[str, RequestRow] = OrderedDict()
         self.request_of_slot: dict[int, str] = {}
         self.alerts: OrderedDict[str, AlertRow] = OrderedDict()
@@ -245,6 +262,14 @@ class EngineState:
             for key, value in fields.items():
                 setattr(row, key, value)
             self.requests.move_to_end(rid)
+        at = _number(msg.get("time"), time.time())
+        if row.arrival is None:
+            row.arrival = _number(msg.get("arrival"), at)
+            if row.phase != "queued":  # joined late: say when it arrived, not what it did before
+                row.note_phase("arrived", row.arrival)
+        row.note_phase(row.phase, row.arrival if not row.timeline and row.phase == "queued" else at)
+        if ttft is not None and row.first_token_at is None:
+            row.first_token_at = row.arrival + float(ttft)
         self.request_of_slot[row.slot] = rid
         while len(self.requests) > MAX_REQUESTS:
             old_id, old = next(iter(self.requests.items()))
@@ -298,6 +323,17 @@ class EngineState:
     def tenant_of_slot(self, slot: int) -> str | None:
         row = self.request_for_slot(slot)
         return row.tenant if row else None
+
+    def record_history(self, wall_time: float | None = None) -> bool:
+        """Add the page maps as they are now to the history (if a page changed); marks
+        history. The window calls this every frame; the history keeps its own pace."""
+        def owner(slot: int):
+            row = self.request_for_slot(slot)
+            return (row.request_id, row.tenant) if row else None
+        added = self.history.record(self.pages, owner, time.time() if wall_time is None else wall_time)
+        if added:
+            self.events.mark("history")
+        return added
 
     def take_new_crossings(self) -> list[Crossing]:
         new, self.new_crossings = self.new_crossings, []

@@ -4,6 +4,8 @@ x is seconds before now (0 at the right edge): pool usage % (one curve per pool)
 tokens/s, queue depth, TTFT p50 and time per output token p50. Colours follow the theme.
 Every y axis starts at 0 and reads in its own unit (no SI prefix: a queue of 0 once read
 "requests (x0.001)" from -200 to 200); the pool legend sits beside its plot, not on it.
+Every plot shares one x span, so only the bottom row spends height on "seconds ago" ticks:
+at 1024x700 the plots used to collapse to no height at all.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ PLOTS = {
 }
 GRID = {"pool_usage": (0, 0, 1, 2), "tokens_per_s": (1, 0, 1, 1), "queue_depth": (1, 1, 1, 1),
         "ttft_ms_p50": (2, 0, 1, 1), "tpot_ms_p50": (2, 1, 1, 1)}
+BOTTOM_ROW = 2
+MIN_HEIGHT = 300  # three rows of plots, each with a readable data area (about 60 px)
+TITLE_HEIGHT = 20  # pyqtgraph gives a 9 pt title 30 px
 
 
 def y_top(values: np.ndarray, floor: float = 1.0) -> float:
@@ -82,8 +87,11 @@ class MetricsPlots(StateView, QWidget):
             plot.enableAutoRange(axis="y", enable=False)  # refresh() sets 0..top
             plot.setYRange(0, 1, padding=0)
             plot.setLabel("left", unit)
-            if row != 1:  # the middle row shares its column's label below it
+            if row == BOTTOM_ROW:
                 plot.setLabel("bottom", "seconds ago")
+            else:  # the same x ticks as the bottom row: grid lines only
+                plot.getAxis("bottom").setStyle(showValues=False)
+                plot.getAxis("bottom").setHeight(4)
             self.plots[name] = plot
             if name != "pool_usage":
                 self.curves[name] = plot.plot([], [])
@@ -93,6 +101,7 @@ class MetricsPlots(StateView, QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.graphics)
+        self.setMinimumHeight(MIN_HEIGHT)
         self._apply_colors()
         self.refresh()
 
@@ -147,6 +156,8 @@ class MetricsPlots(StateView, QWidget):
         self.graphics.setBackground(background)
         for name, plot in self.plots.items():
             plot.setTitle(PLOTS[name][0], color=foreground, size="9pt")
+            plot.titleLabel.setMaximumHeight(TITLE_HEIGHT)  # setTitle sets 30 px each time
+            plot.layout.setRowFixedHeight(0, TITLE_HEIGHT)
             for side in ("left", "bottom"):
                 axis = plot.getAxis(side)
                 axis.setPen(foreground)

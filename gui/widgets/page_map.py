@@ -10,6 +10,7 @@ one Selection, and the selection is a LUT swap shared by all pools.
 
 from __future__ import annotations
 
+import datetime as dt
 from html import escape
 
 import numpy as np
@@ -44,6 +45,7 @@ from gui.model.page_colors import (
     PageColors,
 )
 from gui.model.page_grid import PageGrid, PoolImage
+from gui.model.page_history import HistoryFrame
 from gui.model.selection import Selection
 from gui.widgets.elided_label import ElidedLabel
 from gui.widgets.state_view import StateView
@@ -53,6 +55,7 @@ MAX_COLUMNS = 3
 LEGEND_TENANTS = 8  # tenants named in the legend (colour by tenant)
 STOPPED_OPACITY = 0.35  # a pool whose worker is not running: its last known pages, greyed
 MODE_LABELS = {"request": "Request", "tenant": "Tenant", "state": "State"}
+PAN_SIDES = 3  # a pool pans at most this many of its longer sides off centre
 
 
 def pool_order(pool: PoolMirror) -> tuple[int, str]:
@@ -87,11 +90,36 @@ class PageImageItem(pg.ImageItem):
             self.qimage = self.qimage.convertToFormat(QImage.Format.Format_ARGB32_Premultiplied)
 
 
+class PoolTitle(pg.LabelItem):
+    """A pool's title that never widens its column: a LabelItem asks for its text's width as a
+    minimum, so a long title pushed the pool beside it out of the widget. It wraps instead."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.setFlag(self.GraphicsItemFlag.ItemClipsChildrenToShape)
+
+    def resizeEvent(self, ev) -> None:
+        width = max(1.0, self.size().width())
+        if self.item.textWidth() != width:  # wrap at the column; the height follows
+            self.item.setTextWidth(width)
+            self.updateMin()
+        super().resizeEvent(ev)
+
+    def updateMin(self) -> None:
+        super().updateMin()
+        height = self.itemRect().height()
+        self.setMinimumWidth(0)
+        self._sizeHint[Qt.SizeHint.MinimumSize] = (0, height)
+        self._sizeHint[Qt.SizeHint.PreferredSize] = (0, height)
+        self.updateGeometry()
+
+
 class _PoolView:
     """The title, view box and image item of one pool."""
 
     def __init__(self, layout: pg.GraphicsLayoutWidget, row: int, col: int, colors: PageColors):
-        self.title = layout.addLabel("", row=2 * row, col=col, justify="left")
+        self.title = PoolTitle("", justify="left")
+        layout.addItem(self.title, row=2 * row, col=col)
         self.view = layout.addViewBox(row=2 * row + 1, col=col, lockAspect=True, invertY=True,
                                       enableMenu=False, defaultPadding=0.01)
         self.item = PageImageItem(axisOrder="row-major")  # autoDownsample stays off: it averages ids
@@ -111,7 +139,10 @@ class _PoolView:
         if self.shape != img.shape:
             self.shape = img.shape
             rows, cols = img.shape
-            self.view.setLimits(xMin=-cols, xMax=2 * cols, yMin=-rows, yMax=2 * rows)
+            # pan limits as wide as the longer side on both axes: limits of a few rows let an
+            # aspect-locked box taller than the pool show only a square crop of it (issue 15, 8)
+            side = PAN_SIDES * max(rows, cols)
+            self.view.setLimits(xMin=-side, xMax=cols + side, yMin=-side, yMax=rows + side)
             self.view.setRange(xRange=(0, cols), yRange=(0, rows), padding=0.01)
             # keep the whole pool in view as the window resizes (until the user zooms)
             self.view.enableAutoRange(pg.ViewBox.XYAxes, True)
@@ -144,6 +175,7 @@ class PageMapWidget(StateView, QWidget):
         self._legend_tenants = 0  # tenants in the legend's key as last written
         self.state = state
         self._hover_text = ""
+        self.frame: HistoryFrame | None = None  # a frame of the history shown instead of live pages
 
         self.graphics = pg.GraphicsLayoutWidget()
         self.graphics.ci.setSpacing(6)
@@ -196,6 +228,7 @@ class PageMapWidget(StateView, QWidget):
         self.colors = colors
         self._order = None
         self._legend_tenants = -1  # rewrite the key
+        self.frame = None  # the history was the other engine's
         self.refresh()
 
     def _follow_stale(self) -> None:
@@ -263,19 +296,38 @@ class PageMapWidget(StateView, QWidget):
         if row is not None or slot is None:
             self.request_selected.emit(row.request_id if row else "")
 
+    # ---- history ------------------------------------------------------------------------
+    def show_frame(self, frame: HistoryFrame | None) -> None:
+        """Show the pages of a recorded frame (the history slider), or live ones (None)."""
+        self.frame = frame
+        self.refresh()
+
+    def _shown_pools(self) -> dict[str, PoolMirror]:
+        return self.frame.pools if self.frame is not None else self.state.pages.pools
+
+    def _request_id_of_slot(self, slot: int) -> str | None:
+        """The request that held `slot` at the time shown (a slot is reused by later requests)."""
+        if self.frame is not None:
+            return self.frame.request_of_slot(slot)
+        row = self.state.request_for_slot(slot)
+        return row.request_id if row else None
+
+    def _tenant_of_slot(self, slot: int) -> str | None:
+        return self.frame.tenant_of_slot(slot) if self.frame is not None else self.state.tenant_of_slot(slot)
+
     # ---- repaint --------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Repaint every pool from the latest EngineState (only pages that changed are
-        recomputed)."""
-        pools = sorted(self.state.pages.pools.values(), key=pool_order)
+        """Repaint every pool from the latest EngineState, or from the history frame shown
+        (only pages that changed are recomputed)."""
+        pools = sorted(self._shown_pools().values(), key=pool_order)
         if [p.name for p in pools] != self._order:
             self._rebuild_layout(pools)
-        self.colors.set_tenant_lookup(self.state.tenant_of_slot)
+        self.colors.set_tenant_lookup(self._tenant_of_slot)
         self.colors.begin_frame()  # picks up the selection (state mode marks its pages)
         changed = {pool.name: self._views[pool.name].image.update(pool) for pool in pools}
         self.colors.end_frame()
         lut = self.colors.lut(self.selected_slot)
-        down = self._pools_not_running()
+        down = self._pools_not_running() if self.frame is None else {}
         if self.colors.mode == "tenant" and len(self.colors.tenants.of_tenant) != self._legend_tenants:
             self._legend_tenants = len(self.colors.tenants.of_tenant)
             self.legend.setText(self._legend_html())
@@ -297,9 +349,10 @@ class PageMapWidget(StateView, QWidget):
             return
         row = self.state.requests.get(rid) if rid else self.state.request_for_slot(slot)
         who = f"request {row.request_id}" if row else (f"request {rid}" if rid else f"slot {slot}")
-        phase = f" ({row.phase})" if row and row.phase else ""
+        phase = f" ({row.phase})" if row and row.phase and self.frame is None else ""
+        when = "then" if self.frame is not None else "now"
         self.selection_note.setText(f"<span style='color:{theme.color('warning').name()}'>Selected {escape(who)}"
-                                    f"{escape(phase)} holds no pages now</span>")
+                                    f"{escape(phase)} holds no pages {when}</span>")
         self.selection_note.setVisible(True)
 
     def _pools_not_running(self) -> dict[str, str]:
@@ -314,6 +367,8 @@ class PageMapWidget(StateView, QWidget):
         self._views = {}
         for i, pool in enumerate(pools):
             self._views[pool.name] = _PoolView(self.graphics, i // MAX_COLUMNS, i % MAX_COLUMNS, self.colors)
+        for col in range(min(len(pools), MAX_COLUMNS)):  # equal columns, whatever the titles say
+            self.graphics.ci.layout.setColumnStretchFactor(col, 1)
         self._order = [p.name for p in pools]
         self._apply_theme_colours()
 
@@ -326,6 +381,9 @@ class PageMapWidget(StateView, QWidget):
         text = f"<span style='color:{fg}'><b>{pool.name}</b>{role} · {used:,}/{total:,} used{share}</span>"
         # notes go on a second line: a long title would widen its column past the window
         notes = []
+        if self.frame is not None:
+            at = dt.datetime.fromtimestamp(self.frame.time).strftime("%H:%M:%S.%f")[:-5]
+            notes.append(f"<b style='color:{theme.color('warning', t.name).name()}'>history: as at {at}</b>")
         if image.quarantined_pages:
             notes.append(f"<b style='color:{_hex(t.quarantined)}'>{image.quarantined_pages:,} quarantined</b>")
         warning = theme.color("warning", t.name).name()
@@ -384,7 +442,7 @@ class PageMapWidget(StateView, QWidget):
     def describe_page(self, pool: str, page: int) -> str:
         """The hover text of one page: id, owner request, tenant, state, filled, epoch, writer.
         Raises KeyError for an unknown pool and IndexError for a page outside it."""
-        mirror = self.state.pages.pools[pool]
+        mirror = self._shown_pools()[pool]
         row, col = PageGrid.for_pages(mirror.num_pages).cell_of(page)
         a = {k: v[page] for k, v in mirror.arrays.items()}
         owner, state = int(a["owner"]), int(a["state"])
@@ -393,9 +451,9 @@ class PageMapWidget(StateView, QWidget):
         if owner < 0:
             lines.append("owner: none")
         else:
-            req = self.state.request_for_slot(owner)
-            who = f"request {req.request_id} (slot {owner})" if req else f"slot {owner} (request not known)"
-            lines.append(f"{who} · tenant {req.tenant if req and req.tenant else '?'}")
+            rid, tenant = self._request_id_of_slot(owner), self._tenant_of_slot(owner)
+            who = f"request {rid} (slot {owner})" if rid else f"slot {owner} (request not known)"
+            lines.append(f"{who} · tenant {tenant or '?'}")
         filled = f"{int(a['filled']):,}/{mirror.page_size:,} tokens"
         if state == FREE:  # what `filled` says is what its last owner wrote, if anything
             lines.append(f"state {state_name} · epoch {int(a['epoch']):,}"
@@ -408,8 +466,8 @@ class PageMapWidget(StateView, QWidget):
             own = pack_tag(owner, int(a["epoch"]))
             note = " (the owner, this epoch)" if tag == own else " (NOT the owner's tag for this epoch)"
         unpacked = unpack_tag(tag)
-        writer = self.state.request_for_slot(unpacked[0]) if unpacked is not None else None
-        who = f"request {writer.request_id} " if writer is not None else ""
+        writer = self._request_id_of_slot(unpacked[0]) if unpacked is not None else None
+        who = f"request {writer} " if writer is not None else ""
         lines.append(f"writer {who}{writer_text(tag)}{note}")
         return "\n".join(lines)
 
@@ -432,8 +490,14 @@ class PageMapWidget(StateView, QWidget):
         hit = self.page_at_scene(event.scenePos())
         slot = None
         if hit:
-            arrays = self.state.pages.pools[hit[0]].arrays
+            arrays = self._shown_pools()[hit[0]].arrays
             owner, state = int(arrays["owner"][hit[1]]), int(arrays["state"][hit[1]])
             slot = owner if owner >= 0 and state != FREE else None
+        if self.frame is not None and slot is not None:  # the request of that time, by id
+            rid = self.frame.request_of_slot(slot)
+            self.state.selection.select(rid, slot)
+            if rid:
+                self.request_selected.emit(rid)
+            return
         self._select_slot(slot)
 

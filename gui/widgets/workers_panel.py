@@ -2,12 +2,13 @@
 
 Which buttons are enabled is `actions_enabled(row, readonly, connected)`, a pure function
 recomputed on every refresh and selection change. Stop and Restart fail the worker's
-in-flight requests, so they ask first.
+in-flight requests, so they ask first. In a narrow dock the other columns shrink (their
+text elided) before the pool usage column does: `column_widths`.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import (
     QApplication,
     QHBoxLayout,
@@ -27,6 +28,9 @@ from gui.widgets.state_view import StateView
 
 COLUMNS = ("Worker", "Role", "State", "PID", "Device", "Pool usage")
 USAGE_COLUMN = 5
+WIDTHS = (90, 64, 72, 64, 70, 150)  # preferred; the usage column stretches beyond its share
+USAGE_MIN_WIDTH = 110  # "4,096/4,096" in a bar
+MIN_COLUMN_WIDTH = 28
 STARTABLE = ("stopped", "crashed")
 RUNNING = RUNNING_STATES
 STATE_COLOR = {"ready": "ok", "crashed": "danger", "starting": "warning", "draining": "warning",
@@ -43,6 +47,19 @@ def actions_enabled(worker: WorkerRow | None, readonly: bool, connected: bool = 
         "restart": live and state in RUNNING,
         "reconfigure": live,
     }
+
+
+def column_widths(available: int, widths: tuple[int, ...] = WIDTHS, keep: int = USAGE_COLUMN,
+                  keep_min: int = USAGE_MIN_WIDTH, floor: int = MIN_COLUMN_WIDTH) -> list[int]:
+    """Column widths for `available` pixels: the preferred `widths` while the others leave
+    `keep_min` for column `keep`; narrower, the others shrink in proportion (to `floor` at
+    least) so that column `keep` still gets `keep_min`."""
+    others = sum(w for i, w in enumerate(widths) if i != keep)
+    room = available - keep_min
+    scale = min(1.0, room / others) if others > 0 else 1.0
+    fitted = [w if i == keep else max(floor, int(w * scale)) for i, w in enumerate(widths)]
+    fitted[keep] = max(keep_min, available - sum(w for i, w in enumerate(fitted) if i != keep))
+    return fitted
 
 
 def usage_text(worker: WorkerRow) -> str:
@@ -120,8 +137,8 @@ class WorkersPanel(StateView, QWidget):
         self._readonly = False
         self._connected = True
         self.model = WorkersModel(self)
-        self.view = row_table_view(self.model, (90, 64, 72, 64, 70, 150), stretch=USAGE_COLUMN, row_padding=10,
-                                   striped=False)
+        self.view = row_table_view(self.model, WIDTHS, stretch=USAGE_COLUMN, row_padding=10, striped=False)
+        self.view.viewport().installEventFilter(self)  # refit the columns to every new width
         self.view.setItemDelegateForColumn(USAGE_COLUMN, UsageBarDelegate(self.view))
         self.view.selectionModel().selectionChanged.connect(self._update_buttons)
 
@@ -142,6 +159,18 @@ class WorkersPanel(StateView, QWidget):
         layout.addWidget(self.view)
         layout.addLayout(row)
         self.refresh()
+
+    def eventFilter(self, watched, event) -> bool:
+        if event.type() == QEvent.Resize and watched is self.view.viewport():
+            self.fit_columns()
+        return super().eventFilter(watched, event)
+
+    def fit_columns(self) -> None:
+        """Size the columns to the viewport (see column_widths); the usage column stretches."""
+        header = self.view.horizontalHeader()
+        for col, width in enumerate(column_widths(self.view.viewport().width())):
+            if col != USAGE_COLUMN:
+                header.resizeSection(col, width)
 
     def follows(self) -> dict:
         return {"workers": self.refresh, "pages": self.refresh, "connection": self.refresh, "stale": self.refresh}
