@@ -16,6 +16,7 @@ from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
+    QLineEdit,
     QMainWindow,
     QSplitter,
     QTabWidget,
@@ -230,6 +231,18 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         toolbar.setObjectName("main-toolbar")
         for action in (self.attach_action, self.demo_action, self.reconfigure_action):
             toolbar.addAction(action)
+        toolbar.addSeparator()
+        self.find_box = QLineEdit()
+        self.find_box.setPlaceholderText("Find request or tenant (Ctrl+F)")
+        self.find_box.setToolTip("Shows only matching requests and alerts, and veils other pages in the maps.\n"
+                                 "acme: ids or tenants containing it · tenant:acme · request:r12: exactly")
+        self.find_box.setClearButtonEnabled(True)
+        self.find_box.setMaximumWidth(280)
+        self.find_box.textChanged.connect(lambda text: self.state.set_find(text))
+        toolbar.addWidget(self.find_box)
+        view.addSeparator()
+        self._action(view, "&Find request or tenant",
+                     lambda _=False: (self.find_box.setFocus(), self.find_box.selectAll()), "Ctrl+F")
         self.addToolBar(toolbar)
         self._fill_recent()
 
@@ -256,6 +269,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         """A new engine (or a snapshot): a new state object for every view, each repainted
         from it at the next refresh."""
         state = state or EngineState()
+        state.set_find(self.find_box.text())  # the find box stays as typed across engines
         for view in self.state_views():
             view.state = state
         state.events.mark_all()

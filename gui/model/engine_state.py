@@ -19,6 +19,7 @@ from engine.wire.page_tags import PageState
 from engine.wire.protocol import Message
 from gui.model.crossings import Crossing, CrossingWatch
 from gui.model.events import Events
+from gui.model.find import Find
 from gui.model.page_history import PageHistory
 from gui.model.selection import Selection
 
@@ -34,7 +35,7 @@ METRIC_SERIES = ("tokens_per_s", "ttft_ms_p50", "tpot_ms_p50", "queue_depth", "r
 # frame (every repaint: what depends on the clock alone); check_stale marks stale;
 # selection is emitted at once by `selection`.
 EVENTS = ("pages", "requests", "alerts", "workers", "capacity", "engine", "metrics", "connection", "stale",
-          "frame", "selection", "crossings", "history")
+          "frame", "selection", "crossings", "history", "find")
 
 
 @dataclass
@@ -120,6 +121,7 @@ class EngineState:
     def __init__(self):
         self.pages = PageMirror()
         self.history = PageHistory()  # the page maps of the last minutes (record_history)
+        self.find = Find()  # what the find box asks for: tables and maps show what matches
         self.requests: OrderedDict[str, RequestRow] = OrderedDict()
         self.request_of_slot: dict[int, str] = {}
         self.alerts: OrderedDict[str, AlertRow] = OrderedDict()
@@ -322,6 +324,18 @@ class EngineState:
 
     def tenant_of_slot(self, slot: int) -> str | None:
         row = self.request_for_slot(slot)
+        return row.tenant if row else None
+
+    def set_find(self, text: str) -> bool:
+        """Find a request or tenant across the views ("" shows everything); marks find."""
+        if text == self.find.text:
+            return False
+        self.find = Find(text)
+        self.events.mark("find")
+        return True
+
+    def tenant_of_request(self, request_id: str) -> str | None:
+        row = self.requests.get(request_id)
         return row.tenant if row else None
 
     def record_history(self, wall_time: float | None = None) -> bool:

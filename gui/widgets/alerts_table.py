@@ -181,13 +181,15 @@ class AlertsTable(StateView, QWidget):
         self.refresh()
 
     def follows(self) -> dict:
-        return {"alerts": self.refresh}
+        return {"alerts": self.refresh, "find": self.refresh}
 
     # ---- state -> view ------------------------------------------------------------------
     def refresh(self) -> None:
         unresolved_only = self.filter.currentIndex() == 1
         alerts = self.state.alerts.values()
-        rows = [a for a in alerts if not (unresolved_only and a.state == "resolved")]
+        find, tenant = self.state.find, self.state.tenant_of_request
+        rows = [a for a in alerts if not (unresolved_only and a.state == "resolved")
+                and (not find.active or any(find.matches(r, tenant(r)) for r in a.requests))]
         rows.reverse()  # arrival order breaks last_seen ties, newest first
         rows.sort(key=lambda a: a.last_seen, reverse=True)
         selected = self.selected_ids()

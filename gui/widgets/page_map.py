@@ -55,6 +55,7 @@ MAX_COLUMNS = 3
 LEGEND_TENANTS = 8  # tenants named in the legend (colour by tenant)
 STOPPED_OPACITY = 0.35  # a pool whose worker is not running: its last known pages, greyed
 MODE_LABELS = {"request": "Request", "tenant": "Tenant", "state": "State"}
+FIND_VEIL = (0, 0, 0, 200)  # RGBA over pages that do not match the find
 PAN_SIDES = 3  # a pool pans at most this many of its longer sides off centre
 
 
@@ -124,10 +125,27 @@ class _PoolView:
                                       enableMenu=False, defaultPadding=0.01)
         self.item = PageImageItem(axisOrder="row-major")  # autoDownsample stays off: it averages ids
         self.view.addItem(self.item)
+        self.dim = pg.ImageItem(axisOrder="row-major")  # the find: a veil over pages that do not match
+        self.dim.setZValue(1)
+        self.dim.setVisible(False)
+        self.view.addItem(self.dim)
         self.image = PoolImage(colors)
         self.shape: tuple[int, int] | None = None
         self.lut: np.ndarray | None = None
         self.title_text = ""
+        self.found: int | None = None  # pages matching the find (None: no find)
+
+    def set_found(self, keep: np.ndarray | None) -> None:
+        """Veil every cell but `keep` ((rows, cols) bool), or lift the veil (None)."""
+        if keep is None:
+            self.found = None
+            self.dim.setVisible(False)
+            return
+        self.found = int(np.count_nonzero(keep))
+        veil = np.zeros((*keep.shape, 4), dtype=np.uint8)
+        veil[~keep] = FIND_VEIL
+        self.dim.setImage(veil, levels=(0, 255), autoLevels=False)
+        self.dim.setVisible(True)
 
     def set_title(self, text: str) -> None:
         if text != self.title_text:  # a LabelItem relayouts on every setText
@@ -218,7 +236,7 @@ class PageMapWidget(StateView, QWidget):
     # ---- following the state ----------------------------------------------------------------
     def follows(self) -> dict:
         return {"pages": self.refresh, "requests": self.refresh, "selection": self.refresh,
-                "workers": self.refresh, "stale": self._follow_stale}
+                "workers": self.refresh, "stale": self._follow_stale, "find": self.refresh}
 
     def state_replaced(self) -> None:
         """A new engine: slots start over, so colours and tenants are forgotten too."""
@@ -332,6 +350,7 @@ class PageMapWidget(StateView, QWidget):
             self._legend_tenants = len(self.colors.tenants.of_tenant)
             self.legend.setText(self._legend_html())
         self._note_selection(pools)
+        self._apply_find(pools)
         for pool in pools:
             view = self._views[pool.name]
             view.show(lut, changed[pool.name])
@@ -354,6 +373,25 @@ class PageMapWidget(StateView, QWidget):
         self.selection_note.setText(f"<span style='color:{theme.color('warning').name()}'>Selected {escape(who)}"
                                     f"{escape(phase)} holds no pages {when}</span>")
         self.selection_note.setVisible(True)
+
+    def _apply_find(self, pools: list[PoolMirror]) -> None:
+        """Veil the pages whose owner does not match the find (of the time shown)."""
+        find = self.state.find
+        if not find.active:
+            for view in self._views.values():
+                view.set_found(None)
+            return
+        if self.frame is not None:
+            slots = np.array(sorted(s for s, (rid, tenant) in self.frame.owners.items() if find.matches(rid, tenant)),
+                             dtype=np.int64)
+        else:
+            slots = find.matching_slots(self.state.requests.values())
+        for pool in pools:
+            view = self._views[pool.name]
+            rows, cols = view.image.image.shape
+            keep = np.zeros(rows * cols, dtype=bool)
+            keep[:pool.num_pages] = np.isin(pool.arrays["owner"], slots) & (pool.arrays["state"] != FREE)
+            view.set_found(keep.reshape(rows, cols))
 
     def _pools_not_running(self) -> dict[str, str]:
         """Pools whose worker is not running now (pool -> its state): their pages are the
@@ -381,6 +419,9 @@ class PageMapWidget(StateView, QWidget):
         text = f"<span style='color:{fg}'><b>{pool.name}</b>{role} · {used:,}/{total:,} used{share}</span>"
         # notes go on a second line: a long title would widen its column past the window
         notes = []
+        view = self._views.get(pool.name)
+        if view is not None and view.found is not None:
+            notes.append(f"<b>{view.found:,} pages match the find</b>")
         if self.frame is not None:
             at = dt.datetime.fromtimestamp(self.frame.time).strftime("%H:%M:%S.%f")[:-5]
             notes.append(f"<b style='color:{theme.color('warning', t.name).name()}'>history: as at {at}</b>")

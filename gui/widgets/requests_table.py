@@ -132,7 +132,7 @@ class RequestsTable(StateView, QWidget):
         self.refresh()
 
     def follows(self) -> dict:
-        return {"requests": self.refresh, "selection": self._follow_selection}
+        return {"requests": self.refresh, "selection": self._follow_selection, "find": self.refresh}
 
     def _follow_selection(self) -> None:
         request_id = self.state.selection.request_id
@@ -147,13 +147,15 @@ class RequestsTable(StateView, QWidget):
         if len(self._first_seen) > len(requests):
             self._first_seen = {rid: n for rid, n in self._first_seen.items() if rid in requests}
         active_only = self.filter.currentIndex() == 0
-        rows = [r for r in requests.values() if not (active_only and r.done)]
+        find = self.state.find
+        rows = [r for r in requests.values() if not (active_only and r.done) and find.matches(r.request_id, r.tenant)]
         rows.sort(key=lambda r: (self._first_seen[r.request_id], r.slot), reverse=True)
         selected = self.selected_request()
         if self.model.update_rows(rows) and selected is not None:
             self._select(selected, scroll=False)
         active = sum(1 for r in requests.values() if not r.done)
-        self.count_label.setText(f"{active:,} active, {len(requests):,} known")
+        found = f" · {len(rows):,} match {find.describe()}" if find.active else ""
+        self.count_label.setText(f"{active:,} active, {len(requests):,} known{found}")
 
     def set_readonly(self, readonly: bool) -> None:
         """Nothing here changes the engine; present so the window can treat every view alike."""
