@@ -225,6 +225,11 @@ class PageMapWidget(StateView, QWidget):
         top.addWidget(self.legend, 1)
         top.addWidget(self.selection_note)
         top.addWidget(self.clear_selection_button)
+        # the wheel zooms a pool and a drag pans it (large pools); this shows every page again
+        self.fit_button = QPushButton("Fit")
+        self.fit_button.setToolTip("Zoom: the mouse wheel over a pool; pan: drag it. Fit shows every page again.")
+        self.fit_button.clicked.connect(self.fit_all)
+        top.addWidget(self.fit_button)
         box = QVBoxLayout(self)
         box.setContentsMargins(4, 4, 4, 4)
         box.setSpacing(4)
@@ -313,6 +318,12 @@ class PageMapWidget(StateView, QWidget):
         row = self.state.request_for_slot(slot) if slot is not None else None
         if row is not None or slot is None:
             self.request_selected.emit(row.request_id if row else "")
+
+    def fit_all(self) -> None:
+        """Undo any zoom and pan: every pool whole in its box, following resizes again."""
+        for view in self._views.values():
+            view.view.enableAutoRange(pg.ViewBox.XYAxes, True)
+            view.view.autoRange(padding=0.01)
 
     # ---- history ------------------------------------------------------------------------
     def show_frame(self, frame: HistoryFrame | None) -> None:

@@ -398,3 +398,22 @@ def test_a_selected_request_that_holds_no_pages_is_named_with_a_way_out(widget, 
     widget.refresh()
     assert state.selected_request is None and widget.selected_slot is None
     assert widget.selection_note.isHidden() and widget.clear_selection_button.isHidden()
+
+
+def test_wheel_zoom_and_drag_pan_keep_clicks_exact_and_fit_shows_every_page(widget, qtbot, state):
+    """Large pools (issue 15, "zoom and pan"): zoomed in, a click still selects the page under
+    the pointer; Fit shows every page of every pool again."""
+    view = widget._views["prefill-0"].view
+    whole = [list(r) for r in view.viewRange()]
+    view.scaleBy((0.25, 0.25), center=widget._views["prefill-0"].item.mapToView(QPointF(3.5, 0.5)))
+    qtbot.wait(50)
+    zoomed = view.viewRange()
+    assert zoomed[0][1] - zoomed[0][0] < 0.5 * (whole[0][1] - whole[0][0])
+    with qtbot.waitSignal(widget.request_selected, timeout=2000) as selected:
+        click(widget, qtbot, "prefill-0", 3)  # req-a's page, under the zoom
+    assert selected.args == ["req-a"]
+    widget.fit_all()
+    qtbot.wait(50)
+    rows, cols = widget._views["prefill-0"].image.image.shape
+    (x0, x1), (y0, y1) = view.viewRange()
+    assert x0 <= 0 and x1 >= cols and y0 <= 0 and y1 >= rows  # the whole pool again
