@@ -3,6 +3,7 @@ seconds of the leak; the slider shows them as they were, with the requests of th
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 
@@ -52,6 +53,11 @@ def test_history_shows_the_leaked_pages_after_they_are_freed(start_server, open_
     titles = [view.title_text for view in page_map._views.values()]
     assert all("history: as at" in t for t in titles), titles
     assert "pages held then" in bar.label.full_text()
+    if os.environ.get("HISTORY_PNG"):  # docs/screenshot-history.png is made this way
+        window.bottom_tabs.setCurrentIndex(1)
+        window.refresh()
+        qtbot.wait(300)
+        window.grab().save(os.environ["HISTORY_PNG"])
 
     # hover names the request that held the page then
     pool, page = next((name, int(np.flatnonzero(p.arrays["state"] != PageState.FREE)[0]))
