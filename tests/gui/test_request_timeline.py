@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from engine.wire.protocol import Message
 from gui.model.engine_state import MAX_TIMELINE, EngineState
 
@@ -51,3 +53,8 @@ def test_the_selected_request_timeline_in_the_window(start_server, open_window, 
     assert starts == sorted(starts)
     assert "timeline-1" in view.header.text() and "first token after" in view.header.text()
     assert "prefill + transfer" in view.table.toPlainText()
+    if os.environ.get("TIMELINE_PNG"):  # a picture to look at
+        window.find_box.setText("acme")
+        window.refresh()
+        qtbot.wait(300)
+        window.grab().save(os.environ["TIMELINE_PNG"])
