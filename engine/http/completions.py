@@ -1,4 +1,5 @@
-"""The OpenAI-compatible routes: POST /v1/completions (JSON or SSE) and GET /v1/models.
+"""The OpenAI-compatible routes: POST /v1/completions and /v1/chat/completions (JSON or
+SSE) and GET /v1/models.
 
 Each HTTP request is one engine request on the shared EngineLink. A rejection arrives
 before any byte of the answer, so even a streaming request gets a plain HTTP 400 with the
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from engine.http.chat import ChatTemplate, load_template, parse_chat
 from engine.http.engine_link import EngineError, EngineLink
 from engine.http.openai_request import CompletionRequest, HttpError, parse_completion
 from engine.http.prometheus_text import metrics_handler
@@ -61,11 +63,13 @@ class CompletionsApp:
     def __init__(self, link: EngineLink, *, idle_timeout_s: float = IDLE_TIMEOUT_S):
         self.link, self.idle_timeout_s = link, idle_timeout_s
         self._info: tuple[float, dict] | None = None
+        self._template: tuple[str, ChatTemplate] | None = None  # (model path, its chat template)
         self._cancels: set[asyncio.Task] = set()
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors_as_json])
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", metrics_handler(self.link))
         return app
@@ -77,10 +81,18 @@ class CompletionsApp:
         if self._info is None or now - self._info[0] > MODEL_INFO_TTL_S:
             status = await self.link.call("status")
             engine = status["engine"]
+            template = self.chat_template(engine["model"])
             self._info = (now, {"id": Path(engine["model"]).name, "object": "model",
                                 "created": int(time.time() - engine["uptime_s"]), "owned_by": "pagewarden",
-                                "max_model_len": status["config"]["engine"]["context_window"]})
+                                "max_model_len": status["config"]["engine"]["context_window"],
+                                "chat_template": template.origin})
         return self._info[1]
+
+    def chat_template(self, model_path: str) -> ChatTemplate:
+        """The served checkpoint's chat template (read once per model path)."""
+        if self._template is None or self._template[0] != model_path:
+            self._template = (model_path, load_template(Path(model_path) if model_path else None))
+        return self._template[1]
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [await self.model_info()]})
@@ -88,8 +100,16 @@ class CompletionsApp:
     # ---- /v1/completions --------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = parse_json_body(await request.read())
-        req = parse_completion(body)
+        return await self._complete(request, parse_completion(body), await self.model_info(), chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        body = parse_json_body(await request.read())
         info = await self.model_info()
+        req = parse_chat(body, self._template[1])  # model_info loaded the template
+        return await self._complete(request, req, info, chat=True)
+
+    async def _complete(self, request: web.Request, req: CompletionRequest, info: dict, *,
+                        chat: bool) -> web.StreamResponse:
         if req.model is not None and req.model != info["id"]:
             raise HttpError(404, f"model {req.model!r} is not served here; this engine serves {info['id']!r}",
                             param="model", code="model_not_found")
@@ -102,10 +122,10 @@ class CompletionsApp:
                 if first.op == "error":
                     error = first.get("error") or {}
                     raise engine_http_error(str(error.get("code", "error")), str(error.get("message", "")))
-                head = {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": info["id"]}
+                head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}", "created": created, "model": info["id"]}
                 if req.stream:
-                    return await self._stream(request, req, events, rid, head)
-                return await self._whole(req, events, rid, head)
+                    return await self._stream(request, req, events, rid, head, chat)
+                return await self._whole(req, events, rid, head, chat)
             except (asyncio.CancelledError, ConnectionResetError):
                 self._cancel_later(rid)  # the client went away: stop generating for nobody
                 raise
@@ -138,23 +158,38 @@ class CompletionsApp:
         raise HttpError(502, f"the engine ended request {rid} without an answer", code="engine_error",
                         kind="server_error")
 
-    async def _whole(self, req, events, rid: str, head: dict) -> web.Response:
+    async def _whole(self, req, events, rid: str, head: dict, chat: bool) -> web.Response:
         parts: list[str] = []
 
         async def emit(text: str) -> None:
             parts.append(text)
 
         reason, usage = await self._run(req, events, rid, emit)
-        choice = {"index": 0, "text": "".join(parts), "logprobs": None, "finish_reason": reason}
-        return web.json_response({**head, "choices": [choice], "usage": usage})
+        text = "".join(parts)
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        kind = "chat.completion" if chat else "text_completion"
+        return web.json_response({**head, "object": kind, "choices": [choice], "usage": usage})
 
-    async def _stream(self, request: web.Request, req, events, rid: str, head: dict) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, req, events, rid: str, head: dict,
+                      chat: bool) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
+        head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
 
-        async def chunk(text: str, reason: str | None = None) -> None:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        async def chunk(text: str, reason: str | None = None, role: bool = False) -> None:
+            if chat:  # deltas: the role first, then content, then the finish reason alone
+                delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
             await _sse(response, {**head, "choices": [choice]})
+
+        if chat:
+            await chunk("", role=True)
 
         async def emit(text: str) -> None:
             if text:
