@@ -67,6 +67,16 @@ SHORTCUTS = {
 }
 
 
+def _table_and_detail(table: QWidget, detail: QWidget) -> QSplitter:
+    """A table with the detail of its selected row beside it (3 : 2)."""
+    split = QSplitter(Qt.Orientation.Horizontal)
+    split.addWidget(table)
+    split.addWidget(detail)
+    split.setStretchFactor(0, 3)
+    split.setStretchFactor(1, 2)
+    return split
+
+
 class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
     attach_requested = Signal(dict)  # from File -> Attach...: endpoint, key files, readonly
     kv_attach_requested = Signal(object)  # from File -> Attach to vLLM / SGLang events...: a KvAttach
@@ -127,20 +137,10 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self.workers_panel = WorkersPanel(state)
         self.metrics = MetricsPlots(state)
         self.alert_detail = AlertDetail(state)
-        alerts = QSplitter(Qt.Orientation.Horizontal)
-        alerts.addWidget(self.alerts_table)
-        alerts.addWidget(self.alert_detail)
-        alerts.setStretchFactor(0, 3)
-        alerts.setStretchFactor(1, 2)
-        bottom = QTabWidget()
         self.request_timeline = RequestTimeline(state)
-        requests = QSplitter(Qt.Orientation.Horizontal)
-        requests.addWidget(self.requests_table)
-        requests.addWidget(self.request_timeline)
-        requests.setStretchFactor(0, 3)
-        requests.setStretchFactor(1, 2)
-        bottom.addTab(requests, "Requests")
-        alerts_index = bottom.addTab(alerts, "Alerts")
+        bottom = QTabWidget()
+        bottom.addTab(_table_and_detail(self.requests_table, self.request_timeline), "Requests")
+        alerts_index = bottom.addTab(_table_and_detail(self.alerts_table, self.alert_detail), "Alerts")
         self.bottom_tabs = bottom
         self.alerts_badge = AlertsTabBadge(state, bottom, alerts_index)
         self.notifier = Notifier(state, self)
