@@ -3,7 +3,10 @@ format (see engine/adapters/kv_event_decode.py), not from their code.
 
 It binds an XPUB (a PUB that also reports subscriptions, so a test can wait for the
 subscriber instead of sleeping past the slow-joiner window) and, optionally, a replay ROUTER
-served by a thread from a buffer of every batch published. It can write each wire variant,
+served by a thread from a buffer of every batch published. The replay answers in either
+form the engines use (`replay_form`): "vllm" (the default, vLLM 0.26+ and 0.32: each answer
+(topic, seq, payload), the end marker (b"", END, b"")) or "sglang" (SGLang and older vLLM:
+(seq, payload), then (END, b"")). It can write each wire variant,
 lose a batch in transit (buffered for replay, never sent: a gap), skip sequence numbers
 outright, and send garbage.
 
@@ -20,6 +23,7 @@ import zmq
 
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
 VARIANTS = ("vllm-array", "vllm-bytes", "vllm-map", "vllm-extra", "vllm-old", "sglang", "sglang-salted")
+REPLAY_FORMS = ("vllm", "sglang")
 GARBAGE = ("not-msgpack", "frame-count", "unknown-tag", "short-seq")
 
 
@@ -98,12 +102,16 @@ def encode(events: list[dict], variant: str, rank: int = 0, ts: float = 1.0e9) -
 
 class KvEventTestPublisher:
     """XPUB on `endpoint` and, when given, a replay ROUTER on `replay_endpoint` (port 0 picks a
-    free port; .endpoint / .replay_endpoint hold the bound addresses). Use as a context manager."""
+    free port; .endpoint / .replay_endpoint hold the bound addresses) answering in
+    `replay_form`. Use as a context manager."""
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:0", replay_endpoint: str | None = "tcp://127.0.0.1:0",
-                 topic: bytes = b"kv-events"):
+                 topic: bytes = b"kv-events", replay_form: str = "vllm"):
+        if replay_form not in REPLAY_FORMS:
+            raise ValueError(f"unknown replay form {replay_form!r}; known: {', '.join(REPLAY_FORMS)}")
         self.ctx = zmq.Context()
         self.topic = topic
+        self.replay_form = replay_form
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.bind(endpoint)
@@ -121,6 +129,14 @@ class KvEventTestPublisher:
             self.replay_endpoint = router.getsockopt(zmq.LAST_ENDPOINT).decode()
             self._thread = threading.Thread(target=self._serve_replay, args=(router,), daemon=True)
             self._thread.start()
+
+    def reopen(self) -> None:
+        """Close the XPUB and bind a new one on the same endpoint, keeping the sequence and the
+        replay buffer: the engine's connections drop and come back, the engine does not restart."""
+        self.pub.close(linger=0)
+        self.pub = self.ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.bind(self.endpoint)
 
     def wait_for_subscriber(self, timeout_s: float = 60.0) -> bool:
         """True once a subscriber's subscription reached the XPUB (messages sent from then on
@@ -172,9 +188,10 @@ class KvEventTestPublisher:
                 with self._lock:
                     self.replay_requests.append(start)
                     answers = [(seq, payload) for seq, payload in self.buffer if seq >= start]
+                topic, end_topic = ([self.topic], [b""]) if self.replay_form == "vllm" else ([], [])
                 for seq, payload in answers:
-                    router.send_multipart([identity, b"", seq.to_bytes(8, "big"), payload])
-                router.send_multipart([identity, b"", END_OF_REPLAY, b""])
+                    router.send_multipart([identity, b"", *topic, seq.to_bytes(8, "big"), payload])
+                router.send_multipart([identity, b"", *end_topic, END_OF_REPLAY, b""])
         finally:
             router.close(linger=0)
 

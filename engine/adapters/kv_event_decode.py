@@ -3,7 +3,9 @@
 
 Wire facts, learned from the engines' public sources (no code taken from them):
 - A PUB message is 3 frames (topic, seq, payload); topic defaults to ""; seq counts from 0
-  and is written `seq.to_bytes(8, "big")` (unsigned). vllm-project/vllm
+  and is written `seq.to_bytes(8, "big")` (unsigned). A replay answer is the same 3 frames
+  in vLLM since PR #45177 (v0.26), 2 (seq, payload) in SGLang and older vLLM: see
+  kv_event_replay.py. vllm-project/vllm
   vllm/distributed/kv_events.py (ZmqEventPublisher._publisher_thread); sgl-project/sglang
   python/sglang/srt/disaggregation/kv_events.py (the same publisher).
 - The payload is msgspec's msgpack of an EventBatch (ts, events, rank):
@@ -276,13 +278,20 @@ def decode_frames(frames, dialect: str = "auto") -> Batch:
 
 
 def decode_replay_frames(frames, dialect: str = "auto") -> Batch | None:
-    """A replay answer (seq, payload) as a Batch, or None for the end marker (seq -1 and an
-    empty payload). Raises KvEventError like decode_frames."""
-    if len(frames) != 2:
-        raise KvEventError(f"replay: 2 frames expected (seq, payload), got {len(frames)}")
-    seq_frame, payload = (bytes(f) for f in frames)
+    """A replay answer (after the ROUTER's delimiter) as a Batch, or None for the end marker
+    (seq -1 and an empty payload). Both engine forms, told apart by the frame count: 3 is
+    vLLM's since PR #45177 (topic, seq, payload; end b"", END, b""), 2 is SGLang's and older
+    vLLM's (seq, payload; end END, b""). Raises KvEventError like decode_frames."""
+    if len(frames) == 3:
+        topic, seq_frame, payload = (bytes(f) for f in frames)
+        first = 1
+    elif len(frames) == 2:
+        topic, (seq_frame, payload), first = b"", (bytes(f) for f in frames), 0
+    else:
+        raise KvEventError(f"replay: 3 frames (topic, seq, payload) or 2 (seq, payload) expected, got {len(frames)}")
     if seq_frame == END_OF_REPLAY:
         if payload:
             raise KvEventError(f"replay: end marker with a {len(payload)}-byte payload; expected an empty one")
         return None
-    return decode_payload(payload, read_seq(seq_frame, "replay frame 0"), dialect, "replay frame 1")
+    return decode_payload(payload, read_seq(seq_frame, f"replay frame {first}"), dialect,
+                          f"replay frame {first + 1}", topic)

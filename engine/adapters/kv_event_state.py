@@ -107,6 +107,12 @@ class KvEventState:
         self.replays = 0
         self.replay_failures = 0
         self.replayed_batches = 0
+        self.replay_refused = 0  # replay answers refused: never counted in `refused` (live frames)
+        self.replay_refusals: deque[str] = deque(maxlen=RECENT)
+        self.history_fetches = 0  # replays asked on (re)connect, to learn what was held before
+        self.history_failures = 0
+        self.history_batches = 0
+        self.notices: deque[str] = deque(maxlen=RECENT)  # what a user must act on: nothing bound, ...
         self.duplicates = 0
         self.restarts = 0
         self.last_seq: dict[str, int] = {}
@@ -169,14 +175,39 @@ class KvEventState:
         else:
             self.replay_failures += 1
 
+    def record_replay_refusal(self, endpoint: str, message: str, seq: int | None = None) -> None:
+        """A replay answer that could not be decoded; its seq (when readable) counts as received."""
+        self.replay_refused += 1
+        self.replay_refusals.append(f"{endpoint}: {message}")
+        if seq is not None:
+            self.last_seq[endpoint] = seq
+
+    def record_history(self, batches: int, complete: bool) -> None:
+        """A history fetch on (re)connect that applied `batches`; complete: its end marker came."""
+        self.history_batches += batches
+        if complete:
+            self.history_fetches += 1
+        else:
+            self.history_failures += 1
+
+    def record_notice(self, message: str) -> None:
+        """A problem a user can act on (it names the endpoint); the same one is kept once."""
+        if message not in self.notices:
+            self.notices.append(message)
+
     def record_duplicate(self) -> None:
         """A batch whose seq was applied already (a replay brought it first)."""
         self.duplicates += 1
 
     def record_restart(self, endpoint: str) -> None:
-        """`endpoint` began again at seq 0: the engine restarted and its counter with it."""
+        """`endpoint` began again at seq 0: the engine restarted, its counter and its cache
+        with it. The blocks of ranks only this endpoint fed go (its history brings back what
+        the new engine holds); a rank fed by other endpoints too keeps what they stored."""
         self.restarts += 1
         self.last_seq.pop(endpoint, None)
+        for rank in self.ranks.values():
+            if rank.endpoints == {endpoint}:
+                rank.pools.clear()
 
     def summary(self) -> dict:
         """A JSON-able view: blocks per rank and medium, event counts, stream health."""
@@ -199,6 +230,12 @@ class KvEventState:
             "replayed_batches": self.replayed_batches,
             "refused": self.refused,
             "recent_refusals": list(self.refusals),
+            "replay_refused": self.replay_refused,
+            "recent_replay_refusals": list(self.replay_refusals),
+            "history_fetches": self.history_fetches,
+            "history_failures": self.history_failures,
+            "history_batches": self.history_batches,
+            "notices": list(self.notices),
             "duplicates": self.duplicates,
             "restarts": self.restarts,
             "last_seq": dict(sorted(self.last_seq.items())),

@@ -1,20 +1,19 @@
 """KvEventWatcher: SUB sockets on engines' KV-event endpoints feeding a KvEventState, with
-sequence-gap detection and replay.
+history on (re)connect, sequence-gap detection and replay (kv_event_replay.py holds the
+replay wire forms: vLLM 0.26+ answers (topic, seq, payload), SGLang and older vLLM
+(seq, payload); each answer is read by its frame count, never by configuration).
 
-Replay, as the engines serve it (vllm-project/vllm vllm/distributed/kv_events.py
-ZmqEventPublisher._service_replay; sgl-project/sglang
-python/sglang/srt/disaggregation/kv_events.py, the same code): the ROUTER takes a request
-of 3 frames (identity, empty delimiter, 8-byte big-endian start seq), answers one message
-(identity, empty, seq, payload) per buffered batch with seq >= start, in buffer order, then
-(identity, empty, END, b"") with END = -1 as 8 signed big-endian bytes. The buffer keeps
-the last `buffer_steps` (default 10,000) batches; a ROUTER drops replies beyond its send
-HWM, so a very long replay can lose its tail, and the end marker with it.
-Where the brief said otherwise: a REQ socket (used by vLLM's example subscriber and its test
-MockSubscriber) receives only the FIRST of those answers: libzmq's REQ accepts one reply per
-request and discards the rest (checked here with pyzmq 27 / libzmq 4.3.5). So the watcher
-asks with a DEALER that sends the empty delimiter itself: to the ROUTER it is the same
-3-frame request, and it receives every answer. Like a REQ it is recreated after a timeout
-(LINGER 0), so late answers of an abandoned replay never mix into the next one.
+- History: when a SUB connects (a socket monitor reports it), the watcher asks the replay
+  endpoint for everything from seq 0, so a watcher started late holds what the engine's
+  replay buffer (vLLM: the last 10,000 batches) says is cached, not only what came after.
+- Reconnect: it asks again from the last seq it applied. When the engine still has that
+  batch (same seq, same payload) the stream goes on; otherwise the engine restarted (its
+  counter began again) and the history is fetched from 0.
+- Gap: a live seq past the next one due asks for the missing ones. Batches already applied
+  (by seq) are skipped, whether they come live or by replay.
+- A replay answer that cannot be decoded is counted apart from refused live frames.
+- A replay endpoint that does not answer, and a live endpoint nothing accepts connections
+  on (a SUB connecting there waits silently forever), become notices naming the endpoint.
 
 The watcher connects to any tcp:// or ipc:// address the user names (this is a client of
 someone else's engine; PageWarden's loopback-only rule is for its own endpoints).
@@ -26,20 +25,16 @@ import time
 from dataclasses import dataclass
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
-from engine.adapters.kv_event_decode import (
-    MAX_PAYLOAD_BYTES,
-    KvEventError,
-    check_dialect,
-    decode_frames,
-    decode_replay_frames,
-)
+from engine.adapters.kv_event_decode import MAX_PAYLOAD_BYTES, KvEventError, check_dialect, decode_frames
+from engine.adapters.kv_event_replay import ReplayAnswer, ReplayClient
 from engine.adapters.kv_event_state import KvEventState
 from engine.wire.sockets import drain
 
 REPLAY_TIMEOUT_MS = 2000
 MAX_DRAIN = 10_000  # messages taken from one socket per poll, so one stream cannot starve others
-MAX_REPLAY_ANSWERS = 100_000
+CONNECT_TIMEOUT_MS = 3000  # no connection by then: say that nothing binds the endpoint
 RCVHWM = 10_000
 # Twice the decoder's limit: a payload a little over it still reaches the decoder, which
 # names its size; libzmq drops the connection for anything larger, before buffering it.
@@ -73,18 +68,25 @@ def check_address(address: str) -> str:
 class _Stream:
     endpoint: str
     sub: zmq.Socket
-    replay_endpoint: str | None
-    replay_sock: zmq.Socket | None = None
+    monitor: zmq.Socket  # the SUB's connect and disconnect events
+    replay: ReplayClient | None
+    since: float  # when the SUB began connecting (monotonic)
     last_seq: int | None = None  # highest seq received (applied or refused)
+    last_digest: int | None = None  # of that batch's payload
+    first_digest: int | None = None  # of seq 0's payload: a live 0 that matches it is no restart
+    connected: bool = False
+    ever_connected: bool = False
+    history_due: bool = False
+    told_unbound: bool = False
 
 
 class KvEventWatcher:
     """Watches `endpoints` (one SUB each, all topics); `replay[i]` is endpoint i's replay
-    ROUTER or None. Raises KvEventError for a bad address, dialect or replay list."""
+    ROUTER or None. Raises KvEventError for a bad address, dialect, replay list or timeout."""
 
     def __init__(self, endpoints: list[str], replay: list[str | None] | None = None, dialect: str = "auto",
                  state: KvEventState | None = None, *, replay_timeout_ms: int = REPLAY_TIMEOUT_MS,
-                 context: zmq.Context | None = None):
+                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, context: zmq.Context | None = None):
         self.dialect = check_dialect(dialect)
         endpoints = [check_address(e) for e in endpoints]
         if not endpoints:
@@ -96,10 +98,12 @@ class KvEventWatcher:
             raise KvEventError(f"{len(replay)} replay addresses for {len(endpoints)} endpoints; at most one each")
         replay += [None] * (len(endpoints) - len(replay))
         replay = [None if r is None else check_address(r) for r in replay]
-        if replay_timeout_ms <= 0:
-            raise KvEventError(f"replay timeout {replay_timeout_ms} ms must be more than 0")
+        if replay_timeout_ms <= 0 or connect_timeout_ms <= 0:
+            raise KvEventError(f"replay timeout {replay_timeout_ms} ms and connect timeout {connect_timeout_ms} ms "
+                               "must be more than 0")
         self.state = state if state is not None else KvEventState()
         self.replay_timeout_ms = replay_timeout_ms
+        self.connect_timeout_ms = connect_timeout_ms
         self._own_context = context is None
         self._ctx = context or zmq.Context()
         self._poller = zmq.Poller()
@@ -108,9 +112,13 @@ class KvEventWatcher:
             sub = self._socket(zmq.SUB)
             sub.setsockopt(zmq.RCVHWM, RCVHWM)
             sub.setsockopt(zmq.SUBSCRIBE, b"")
+            monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)  # before connect()
             sub.connect(endpoint)
             self._poller.register(sub, zmq.POLLIN)
-            self._streams.append(_Stream(endpoint, sub, replay_endpoint))
+            self._poller.register(monitor, zmq.POLLIN)
+            client = None if replay_endpoint is None else ReplayClient(replay_endpoint, self._socket,
+                                                                       replay_timeout_ms, self.dialect)
+            self._streams.append(_Stream(endpoint, sub, monitor, client, time.monotonic()))
 
     @property
     def endpoints(self) -> list[str]:
@@ -123,10 +131,17 @@ class KvEventWatcher:
         return sock
 
     def poll(self, timeout_ms: int) -> int:
-        """Wait up to timeout_ms for messages, then take every one waiting (MAX_DRAIN per
-        socket). Undecodable frames are counted in the state, never raised. Returns how
-        many messages were taken."""
+        """Wait up to timeout_ms for messages, fetch the history of a stream that (re)connected,
+        then take every live message waiting (MAX_DRAIN per socket). Undecodable frames and
+        silent endpoints are counted and noted in the state, never raised. Returns how many
+        live messages were taken."""
         ready = dict(self._poller.poll(timeout_ms))
+        for stream in self._streams:
+            if stream.monitor in ready:
+                self._read_monitor(stream)
+            self._check_connection(stream)
+            if stream.history_due:  # before the live messages, which may continue it
+                self._fetch_history(stream)
         taken = 0
         for stream in self._streams:
             if stream.sub not in ready:
@@ -142,6 +157,46 @@ class KvEventWatcher:
         while (left := deadline - time.monotonic()) > 0:
             self.poll(max(1, min(200, int(left * 1000))))
 
+    def _read_monitor(self, stream: _Stream) -> None:
+        for _ in range(MAX_DRAIN):
+            try:
+                event = recv_monitor_message(stream.monitor, zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                return
+            if event == zmq.EVENT_CONNECTED:
+                stream.connected = stream.ever_connected = True
+                stream.history_due = stream.replay is not None
+            elif event == zmq.EVENT_DISCONNECTED:
+                stream.connected = False
+
+    def _check_connection(self, stream: _Stream) -> None:
+        """Note, once, a live endpoint nothing accepts connections on (a SUB waits there in silence)."""
+        if stream.ever_connected or stream.told_unbound:
+            return
+        waited = time.monotonic() - stream.since
+        if waited * 1000 < self.connect_timeout_ms:
+            return
+        stream.told_unbound = True
+        self.state.record_notice(
+            f"nothing accepts connections at {stream.endpoint} after {waited:.1f} s: is the engine's KV-event "
+            "endpoint bound there? (vLLM binds only for tcp://*:P, tcp://[::]:P or ipc://PATH; given "
+            "tcp://HOST:P it connects instead)")
+        if stream.replay is not None and stream.last_seq is None:
+            stream.history_due = True  # the replay endpoint may still be there, and say what is cached
+
+    def _fetch_history(self, stream: _Stream) -> None:
+        """Everything the engine still buffers after what this stream holds (from 0 when it
+        holds nothing). When the engine no longer has the last batch applied, it restarted."""
+        stream.history_due = False
+        known = stream.last_seq
+        result = stream.replay.fetch(0 if known is None else known)
+        if known is not None and result.complete and not result.has(known, stream.last_digest):
+            self.state.record_restart(stream.endpoint)
+            stream.last_seq = stream.last_digest = stream.first_digest = None
+            result = stream.replay.fetch(0)
+        self._take_replayed(stream, result)
+        self.state.record_history(len(result.answers), result.complete)
+
     def _receive(self, stream: _Stream, frames: list[bytes]) -> None:
         try:
             batch, error = decode_frames(frames, self.dialect), None
@@ -151,8 +206,9 @@ class KvEventWatcher:
         if seq is None:  # not even a readable seq: refused, and the stream position is unknown
             self.state.record_refusal(stream.endpoint, str(error))
             return
+        digest = hash(bytes(frames[2]))  # a readable seq means three frames
         if stream.last_seq is not None:
-            if seq == 0:  # replays never start at 0, so a live 0 after anything is a restart
+            if seq == 0 and digest != stream.first_digest:  # a new batch 0: the engine restarted
                 self.state.record_restart(stream.endpoint)
                 stream.last_seq = None
             elif seq <= stream.last_seq:
@@ -160,71 +216,52 @@ class KvEventWatcher:
                 return
             elif seq > stream.last_seq + 1:
                 expected = stream.last_seq + 1
-                filled = stream.replay_endpoint is not None and self._replay(stream, expected, seq)
+                filled = stream.replay is not None and self._replay_gap(stream, expected, seq)
                 self.state.record_gap(stream.endpoint, expected, seq, filled)
                 if seq <= stream.last_seq:  # the replay brought this batch already
                     self.state.record_duplicate()
                     return
-        self._accept(stream, seq, batch, error)
+        self._take(stream, ReplayAnswer(seq, batch, error, digest), replayed=False)
 
-    def _accept(self, stream: _Stream, seq: int, batch, error: KvEventError | None) -> None:
-        if error is not None:
-            self.state.record_refusal(stream.endpoint, f"seq {seq}: {error}", seq)
+    def _take(self, stream: _Stream, answer: ReplayAnswer, replayed: bool) -> None:
+        if answer.error is None:
+            self.state.apply(answer.batch, stream.endpoint)
+        elif replayed:
+            self.state.record_replay_refusal(stream.endpoint, f"seq {answer.seq}: {answer.error}", answer.seq)
         else:
-            self.state.apply(batch, stream.endpoint)
-        stream.last_seq = seq
+            self.state.record_refusal(stream.endpoint, f"seq {answer.seq}: {answer.error}", answer.seq)
+        stream.last_seq, stream.last_digest = answer.seq, answer.digest
+        if answer.seq == 0:
+            stream.first_digest = answer.digest
 
-    def _replay(self, stream: _Stream, start: int, got: int) -> bool:
-        """Ask stream's replay ROUTER for every batch from `start`, apply the new ones in seq
-        order, and say whether start..got-1 all came."""
-        if stream.replay_sock is None:
-            stream.replay_sock = self._socket(zmq.DEALER)
-            stream.replay_sock.setsockopt(zmq.RCVHWM, 0)  # a replay is one burst: never drop its tail
-            stream.replay_sock.connect(stream.replay_endpoint)
-        sock = stream.replay_sock
-        answers, complete = [], False
-        deadline = time.monotonic() + self.replay_timeout_ms / 1000
-        try:
-            sock.send_multipart([b"", start.to_bytes(8, "big")], zmq.NOBLOCK)
-            while len(answers) < MAX_REPLAY_ANSWERS:
-                left_ms = int((deadline - time.monotonic()) * 1000)
-                if left_ms <= 0 or not sock.poll(left_ms):
-                    break
-                frames = sock.recv_multipart()
-                if frames and frames[0] == b"":
-                    frames = frames[1:]  # the delimiter a REQ would have stripped
-                try:
-                    batch = decode_replay_frames(frames, self.dialect)
-                except KvEventError as exc:
-                    if exc.seq is None:
-                        self.state.record_refusal(stream.endpoint, f"replay: {exc}")
-                    else:
-                        answers.append((exc.seq, None, exc))
-                    continue
-                if batch is None:
-                    complete = True
-                    break
-                answers.append((batch.seq, batch, None))
-        except zmq.Again:
-            pass  # could not even queue the request: counts as a failed replay
-        if not complete:
-            sock.close(linger=0)
-            stream.replay_sock = None
-        answers.sort(key=lambda answer: answer[0])
+    def _take_replayed(self, stream: _Stream, result) -> None:
+        """Apply, in seq order, the replayed batches newer than what the stream holds."""
+        for message in result.refusals:
+            self.state.record_replay_refusal(stream.endpoint, message)
+        if result.problem is not None:
+            self.state.record_notice(result.problem)
+        for answer in result.answers:
+            if stream.last_seq is None or answer.seq > stream.last_seq:
+                self._take(stream, answer, replayed=True)
+
+    def _replay_gap(self, stream: _Stream, start: int, got: int) -> bool:
+        """Ask for every batch from `start`, apply the new ones, and say whether start..got-1 all came."""
+        result = stream.replay.fetch(start)
         due = start
-        for seq, batch, error in answers:
-            if seq == due:
+        for answer in result.answers:
+            if answer.seq == due:
                 due += 1
-            if stream.last_seq is None or seq > stream.last_seq:
-                self._accept(stream, seq, batch, error)
-        self.state.record_replay(len(answers), complete)
+        self._take_replayed(stream, result)
+        self.state.record_replay(len(result.answers), result.complete)
         return due >= got
 
     def close(self) -> None:
         for stream in self._streams:
+            stream.sub.disable_monitor()
+            stream.monitor.close(linger=0)
             stream.sub.close(linger=0)
-            if stream.replay_sock is not None:
-                stream.replay_sock.close(linger=0)
+            if stream.replay is not None:
+                stream.replay.close()
         if self._own_context:
             self._ctx.term()
 

@@ -17,7 +17,8 @@ def register(sub) -> None:
         "watch-kv-events", help="watch vLLM / SGLang KV-cache event streams (--kv-events-config) for N seconds",
         description="Subscribe to each ADDR (an engine's KV-event PUB endpoint, e.g. tcp://gpu-box:5557; vLLM "
         "and SGLang offset the port by the data-parallel rank), decode every batch, keep the blocks each rank "
-        "holds, detect sequence gaps and fill them from the replay endpoint, then print a summary. "
+        "holds, take the history the replay endpoint still buffers on connecting, detect sequence gaps and fill "
+        "them from the replay endpoint, then print a summary. "
         "Exit 0 when watched, 2 for bad arguments.",
     )
     watch.add_argument("addresses", nargs="+", metavar="ADDR", help="tcp://HOST:PORT or ipc://PATH")
@@ -53,9 +54,12 @@ def format_table(summary: dict) -> str:
     lines.append("events   " + "  ".join(f"{name} {events.get(name, 0):,}" for name in
                                         ("BlockStored", "BlockRemoved", "AllBlocksCleared")))
     lines.append(f"stream   gaps {summary['gaps']} (unfilled {summary['gaps_unfilled']})  replays "
-                 f"{summary['replays']} (failed {summary['replay_failures']})  refused {summary['refused']}  "
-                 f"restarts {summary['restarts']}")
+                 f"{summary['replays']} (failed {summary['replay_failures']})  history {summary['history_fetches']} "
+                 f"(failed {summary['history_failures']}, {summary['history_batches']:,} batches)  refused "
+                 f"{summary['refused']} live, {summary['replay_refused']} replayed  restarts {summary['restarts']}")
     lines += [f"refused: {message}" for message in summary["recent_refusals"]]
+    lines += [f"refused replay answer: {message}" for message in summary["recent_replay_refusals"]]
+    lines += [f"notice: {message}" for message in summary["notices"]]
     return "\n".join(lines)
 
 

@@ -214,7 +214,8 @@ class KvEventMap:
         total = sum(state.events.values())
         return (f"{where} · {self.rate.per_second():,.0f} events/s · {total:,} events · "
                 f"gaps {state.gaps} ({state.gaps_unfilled} unfilled) · replays {state.replays} "
-                f"({state.replay_failures} failed) · refused {state.refused}")
+                f"({state.replay_failures} failed) · refused {state.refused}"
+                + (f" · {state.notices[-1]}" if state.notices else ""))  # e.g. nothing bound at the endpoint
 
     def health_details(self, state: KvEventState, endpoints: list[str]) -> str:
         """The status line's tooltip: every endpoint, the recent gaps and refused frames."""
@@ -224,5 +225,9 @@ class KvEventMap:
         for gap in state.recent_gaps:
             lines.append(f"gap on {gap['endpoint']}: expected seq {gap['expected']}, got {gap['got']} "
                          f"({'filled by replay' if gap['filled'] else 'not filled'})")
+        lines.append(f"history on connecting {state.history_fetches} ({state.history_failures} failed, "
+                     f"{state.history_batches:,} batches) · refused replay answers {state.replay_refused}")
         lines += [f"refused: {message}" for message in state.refusals]
+        lines += [f"refused replay answer: {message}" for message in state.replay_refusals]
+        lines += [f"notice: {message}" for message in state.notices]
         return "\n".join(lines)

@@ -1,6 +1,6 @@
 """SharedKvEventState: a KvEventState written by one thread and read by another.
 
-The KV-event thread's watcher changes it only through the six methods below, each under
+The KV-event thread's watcher changes it only through the methods below, each under
 `lock`; the GUI thread holds `lock` while it reads (KvEventMap.update, the status texts),
 so it never sees half of a batch. Qt-free.
 """
@@ -32,6 +32,18 @@ class SharedKvEventState(KvEventState):
     def record_replay(self, batches: int, complete: bool) -> None:
         with self.lock:
             super().record_replay(batches, complete)
+
+    def record_replay_refusal(self, endpoint: str, message: str, seq: int | None = None) -> None:
+        with self.lock:
+            super().record_replay_refusal(endpoint, message, seq)
+
+    def record_history(self, batches: int, complete: bool) -> None:
+        with self.lock:
+            super().record_history(batches, complete)
+
+    def record_notice(self, message: str) -> None:
+        with self.lock:
+            super().record_notice(message)
 
     def record_duplicate(self) -> None:
         with self.lock:

@@ -84,6 +84,19 @@ def test_replay_frames_decode_and_the_end_marker_is_none():
     assert decode_replay_frames([END_OF_REPLAY, b""]) is None
 
 
+def test_replay_frames_in_vllm_form_carry_the_topic_and_end_with_an_empty_one():
+    # vLLM 0.26+ (PR #45177): (topic, seq, payload) per answer, (b"", END, b"") at the end
+    batch = decode_replay_frames([b"kv@pod@model", (7).to_bytes(8, "big"), encode([cleared()], "vllm-map", rank=1)])
+    assert (batch.seq, batch.dp_rank, batch.topic, batch.events) == (7, 1, b"kv@pod@model", [AllBlocksCleared()])
+    assert decode_replay_frames([b"", END_OF_REPLAY, b""]) is None
+    with pytest.raises(KvEventError, match=r"replay frame 1: sequence number must be 8 bytes") as bad:
+        decode_replay_frames([b"kv", b"\x00\x07", b""])
+    assert bad.value.seq is None
+    with pytest.raises(KvEventError, match=r"replay frame 2: payload is not msgpack") as bad:
+        decode_replay_frames([b"", SEQ, b"\xc1"])
+    assert bad.value.seq == int.from_bytes(SEQ, "big")
+
+
 def _bad_event(event) -> bytes:
     """A batch whose event 0 is fine and event 1 is `event`."""
     return msgpack.packb([1.0, [["AllBlocksCleared"], event], 0])
@@ -152,10 +165,13 @@ def test_hash_and_dialect_refusals():
         decode_frames(frames(encode([removed([b"\x01"])], "vllm-array")), "sglang")
     with pytest.raises(KvEventError, match=r"unknown dialect 'trt'; known: auto, vllm, sglang"):
         decode_frames(frames(encode([], "vllm-array")), "trt")
-    with pytest.raises(KvEventError, match=r"replay: 2 frames expected \(seq, payload\), got 3"):
-        decode_replay_frames([b"", SEQ, b""])
+    with pytest.raises(KvEventError, match=r"replay: 3 frames \(topic, seq, payload\) or 2 \(seq, payload\) "
+                                           r"expected, got 4"):
+        decode_replay_frames([b"", b"", SEQ, b""])
     with pytest.raises(KvEventError, match=r"replay: end marker with a 1-byte payload"):
         decode_replay_frames([END_OF_REPLAY, b"x"])
+    with pytest.raises(KvEventError, match=r"replay: end marker with a 1-byte payload"):
+        decode_replay_frames([b"", END_OF_REPLAY, b"x"])
 
 
 # --- state ---------------------------------------------------------------------------------
