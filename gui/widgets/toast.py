@@ -79,17 +79,17 @@ class Toast(StateView, QObject):
             self.show_alert(alert)
 
     def show_alert(self, alert: AlertRow) -> ToastCard:
-        """Pop a card for `alert`; it hides after duration_ms. The oldest goes beyond max_cards."""
+        """Pop a card for `alert`; it hides after duration_ms. The oldest goes beyond max_cards
+        or when the stack would not fit in the window."""
         card = ToastCard(alert, self.host)
         card.clicked.connect(self.activated)
         card.clicked.connect(lambda _id, c=card: self._dismiss(c))
         self._cards.append(card)
-        while len(self._cards) > self.max_cards:
-            self._dismiss(self._cards[0])
-        card.adjustSize()
         card.show()
         card.raise_()
         QTimer.singleShot(self.duration_ms, card, lambda c=card: self._dismiss(c))
+        while len(self._cards) > self.max_cards:
+            self._dismiss(self._cards[0], restack=False)
         self._restack()
         return card
 
@@ -97,21 +97,35 @@ class Toast(StateView, QObject):
         """The cards on screen, oldest first."""
         return [c for c in self._cards if c.isVisible()]
 
-    def _dismiss(self, card: ToastCard) -> None:
+    def _dismiss(self, card: ToastCard, *, restack: bool = True) -> None:
         if card in self._cards:
             self._cards.remove(card)
             card.hide()
             card.deleteLater()
-            self._restack()
+            if restack:
+                self._restack()
 
     def _restack(self) -> None:
-        self._cards = [c for c in self._cards if not c.isHidden()]
+        """Newest at the bottom right, older ones above; a card that would not fit below the
+        window's top (menu and tool bars) goes. The list of cards is the only owner: a card
+        is either in it and placed, or hidden (a card dropped from it unhidden stayed at the
+        window's top-left for good)."""
+        top = MARGIN + self._top_bars()
         bottom = self.host.height() - MARGIN
-        for card in reversed(self._cards):  # newest at the bottom, older ones above it
-            card.adjustSize()
+        for card in reversed(list(self._cards)):
+            height = card.heightForWidth(WIDTH) if card.hasHeightForWidth() else card.sizeHint().height()
+            card.resize(WIDTH, max(height, card.minimumSizeHint().height()))  # wrapped text whole
+            if bottom - card.height() < top:
+                self._dismiss(card, restack=False)
+                continue
             bottom -= card.height()
-            card.move(self.host.width() - card.width() - MARGIN, max(MARGIN, bottom))
+            card.move(self.host.width() - card.width() - MARGIN, bottom)
             bottom -= SPACING
+
+    def _top_bars(self) -> int:
+        """Pixels at the top of the host taken by its menu and tool bars (a QMainWindow's)."""
+        central = getattr(self.host, "centralWidget", lambda: None)()
+        return max(0, central.geometry().top()) if central is not None else 0
 
     def eventFilter(self, watched, event) -> bool:
         if watched is self.host and event.type() == QEvent.Resize:

@@ -209,6 +209,37 @@ def test_toast_shows_stacks_and_hides(qtbot):
     qtbot.waitUntil(lambda: toast.cards() == [], timeout=3000)
 
 
+def test_toast_overflow_never_strands_a_card_and_text_is_whole(qtbot):
+    """Seen in a screenshot: the card that pushed the stack past max_cards was dropped from
+    the stack before it was shown, then shown at the window's top-left, over the menu bar,
+    for good; a long detail was cut at the card's bottom."""
+    from PySide6.QtWidgets import QLabel, QMainWindow
+
+    from gui.model.engine_state import AlertRow
+    from gui.widgets.toast import WIDTH, ToastCard
+
+    host = QMainWindow()
+    host.setCentralWidget(QLabel("maps"))
+    host.menuBar().addMenu("File")
+    host.resize(1000, 420)
+    qtbot.addWidget(host)
+    host.show()
+    qtbot.waitExposed(host)
+    toast = Toast(host, duration_ms=60_000, max_cards=5)
+    for i in range(7):
+        detail = "request r44 touched pages written by canary canary-22 (the data WAS read) " * (1 + i % 3)
+        toast.show_alert(AlertRow(f"a{i}", "canary_leak", "critical", "firing", False, 1.0, 1.0, 1,
+                                  [f"r{i}", "canary-22"], [], detail))
+    shown = [c for c in host.findChildren(ToastCard) if c.isVisible()]
+    assert shown == toast.cards() and shown[-1].alert_id == "a6"  # every visible card is managed
+    top = host.centralWidget().geometry().top()
+    for card in shown:
+        assert card.x() == host.width() - WIDTH - 12 and card.y() >= top, card.geometry()
+        assert card.body.height() >= card.body.heightForWidth(card.body.width())  # the text whole
+    for a, b in zip(shown, shown[1:]):
+        assert a.geometry().bottom() < b.y()  # stacked, no overlap
+
+
 # ---- workers -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("state", WORKER_STATES)
