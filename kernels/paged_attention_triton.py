@@ -18,6 +18,7 @@ from kernels.paged_attention_ref import validate_decode_inputs
 
 # finite start for the running max: m_i - m_new is never -inf - (-inf) = NaN when all is masked
 _NEG_BIG = tl.constexpr(-1.0e30)
+MERGE_CHUNK = 16  # partitions the merge holds at once (16 x head dim fp32 values a thread block)
 _MAX_BLOCK_N = 64
 # pinned: Triton 3.9 warns when it is left to the default (and the default is about to change)
 _FP_FUSION = True
@@ -120,24 +121,36 @@ def _merge_partitions_kernel(
     m_ptr, l_ptr, acc_ptr, seq_lens_ptr, out_ptr,
     table_width, num_parts, stride_ob, stride_oh, stride_od,
     PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    PARTITION: tl.constexpr, NUM_PARTS_PAD: tl.constexpr,
+    PARTITION: tl.constexpr, MERGE_CHUNK: tl.constexpr,
 ):
+    # Two passes over the partitions, MERGE_CHUNK at a time: the running maximum, then the
+    # weighted sums. Registers stay the same at any context (a [partitions, head dim] tile
+    # held at once reached 255 registers and spilled from 131k tokens).
     b = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.minimum(tl.load(seq_lens_ptr + b), table_width * PAGE_SIZE)
     used = tl.cdiv(seq_len, PARTITION)
-    parts = tl.arange(0, NUM_PARTS_PAD)
-    part_ok = parts < used
-    row = (b * tl.num_programs(1) + head) * num_parts + parts
-    m = tl.load(m_ptr + row, mask=part_ok, other=_NEG_BIG)
-    l_part = tl.load(l_ptr + row, mask=part_ok, other=0.0)
-    m_all = tl.max(m, 0)
-    weight = tl.where(part_ok, tl.exp2(m - m_all), 0.0)
-    total = tl.sum(l_part * weight, 0)
+    base = (b * tl.num_programs(1) + head) * num_parts
+    offs = tl.arange(0, MERGE_CHUNK)
+    m_all = tl.max(tl.full((MERGE_CHUNK,), _NEG_BIG, tl.float32), 0)
+    for start in range(0, used, MERGE_CHUNK):
+        parts = start + offs
+        m = tl.load(m_ptr + base + parts, mask=parts < used, other=_NEG_BIG)
+        m_all = tl.maximum(m_all, tl.max(m, 0))
     d = tl.arange(0, HEAD_DIM_PAD)
     d_ok = d < HEAD_DIM
-    acc = tl.load(acc_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=part_ok[:, None] & d_ok[None, :], other=0.0)
-    merged = tl.sum(acc * weight[:, None], 0)
+    total = tl.sum(tl.zeros((MERGE_CHUNK,), tl.float32), 0)
+    merged = tl.zeros((HEAD_DIM_PAD,), tl.float32)
+    for start in range(0, used, MERGE_CHUNK):
+        parts = start + offs
+        part_ok = parts < used
+        m = tl.load(m_ptr + base + parts, mask=part_ok, other=_NEG_BIG)
+        l_part = tl.load(l_ptr + base + parts, mask=part_ok, other=0.0)
+        weight = tl.where(part_ok, tl.exp2(m - m_all), 0.0)
+        total += tl.sum(l_part * weight, 0)
+        acc = tl.load(acc_ptr + (base + parts)[:, None] * HEAD_DIM + d[None, :],
+                      mask=part_ok[:, None] & d_ok[None, :], other=0.0)
+        merged += tl.sum(acc * weight[:, None], 0)
     # total >= 1 when anything was attended; 0 (and merged 0) gives the zero row
     result = merged / tl.maximum(total, 1e-30)
     tl.store(out_ptr + b * stride_ob + head * stride_oh + d * stride_od,
@@ -208,8 +221,7 @@ def paged_decode_attention(
         part_max, part_sum, part_acc, seq_lens, out,
         table_width, num_parts, *out.stride(),
         PAGE_SIZE=page_size, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, PARTITION=partition_size,
-        # a power of two: a growing block table recompiles the merge only at each doubling
-        NUM_PARTS_PAD=triton.next_power_of_2(num_parts),
+        MERGE_CHUNK=MERGE_CHUNK,  # one binary for every context length
         enable_fp_fusion=_FP_FUSION,
     )
     return out, violations
