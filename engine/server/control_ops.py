@@ -128,6 +128,7 @@ class ControlOps:
         sup = self.sup
         rec = RequestRecord(request_id, slot, tenant, prompt, params, identity, msg_id, budget_key=budget_key)
         sup.book.admit(rec)
+        sup.mark_waiting(rec)
         sup.counters["admitted"] += 1
         sup.audit.record(request_id, "admitted", slot=slot, prompt_len=len(prompt), prompt_hash=rec.prompt_hash,
                          max_new_tokens=params["max_new_tokens"], tenant=tenant, data_tier=data_tier,

@@ -309,6 +309,16 @@ class Supervisor:
             self.publish_request(rec)
         self._dispatch_prefill()
 
+    def mark_waiting(self, rec: RequestRecord) -> None:
+        """A request just queued: say at once why it cannot be placed (no ready worker of a
+        role), so that its `accepted`, status and audit agree from the first moment. An audit
+        asked right after `accepted` was answered in the same drain, before fail_unplaced ran
+        (waiting_for None for a request that waited on a crashed prefill worker)."""
+        why = next((w for role in ("decode", "prefill") if (w := self.workers.why_none_ready(role))), None)
+        if why is not None:
+            rec.waiting_for = why
+            self._unplaced.add(rec.request_id)  # fail_unplaced keeps it current from here
+
     def fail_unplaced(self, now: float | None = None) -> None:
         """Requests waiting for a role with no ready worker: their reason is in status; they
         fail after workers.unplaced_timeout_s, or at once when no worker of that role can

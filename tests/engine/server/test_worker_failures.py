@@ -153,8 +153,16 @@ def test_killed_prefill_worker_is_noticed_too(start_server):
     assert accepted.op == "accepted"  # queued until a prefill worker returns, and says why
     assert "no prefill worker is ready: prefill-0 crashed" in client.audit(accepted.get("request_id"))[
         "request"]["waiting_for"]
+    # asked in the same breath as the submit (both in one drain of the control socket): the
+    # reason is there from the moment the request is queued (a CI run saw None here)
+    streams = []
+    for i in range(5):
+        streams.append(client.submit([256, 9], max_new_tokens=3, ignore_eos=True, request_id=f"pipelined-{i}"))
+        waiting = client.audit(f"pipelined-{i}")["request"]["waiting_for"]
+        assert waiting and "no prefill worker is ready: prefill-0 crashed" in waiting, (i, waiting)
     client.start("prefill-0")
     assert len(_end(client, stream)["token_ids"]) == 3
+    assert all(len(_end(client, s)["token_ids"]) == 3 for s in streams)
 
 
 def test_serve_with_unloadable_weights_says_so_instead_of_ready(tmp_path):
