@@ -138,6 +138,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self.metrics = MetricsPlots(state)
         self.alert_detail = AlertDetail(state)
         self.request_timeline = RequestTimeline(state)
+        self.requests_table.model.colour_of = lambda row: self.page_map.swatch_of(row.slot)
         bottom = QTabWidget()
         bottom.addTab(_table_and_detail(self.requests_table, self.request_timeline), "Requests")
         alerts_index = bottom.addTab(_table_and_detail(self.alerts_table, self.alert_detail), "Alerts")

@@ -56,6 +56,8 @@ class RequestsModel(RowTableModel):
         super().__init__(parent)
         self.rows: list[RequestRow] = []
         self._stamps: list[float] = []  # row.updated at the last refresh
+        # the colour key: row -> the colour its pages show in the map (the window sets it)
+        self.colour_of = None
 
     def data(self, index, role=Qt.DisplayRole):
         if not index.isValid():
@@ -63,6 +65,8 @@ class RequestsModel(RowTableModel):
         r, col = self.rows[index.row()], index.column()
         if role == Qt.DisplayRole:
             return _CELLS[col](r)
+        if role == Qt.DecorationRole and col in (0, 1) and self.colour_of is not None:
+            return self.colour_of(r)  # a swatch: the request's (or tenant's) colour in the map
         if role == Qt.TextAlignmentRole and col in NUMERIC:
             return int(Qt.AlignRight | Qt.AlignVCenter)
         if role == Qt.ForegroundRole and col == 3 and r.phase in PHASE_COLOR:
@@ -132,7 +136,8 @@ class RequestsTable(StateView, QWidget):
         self.refresh()
 
     def follows(self) -> dict:
-        return {"requests": self.refresh, "selection": self._follow_selection, "find": self.refresh}
+        return {"requests": self.refresh, "selection": self._follow_selection, "find": self.refresh,
+                "pages": lambda: self.view.viewport().update()}  # colour swatches follow the map
 
     def _follow_selection(self) -> None:
         request_id = self.state.selection.request_id

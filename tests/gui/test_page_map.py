@@ -417,3 +417,26 @@ def test_wheel_zoom_and_drag_pan_keep_clicks_exact_and_fit_shows_every_page(widg
     rows, cols = widget._views["prefill-0"].image.image.shape
     (x0, x1), (y0, y1) = view.viewRange()
     assert x0 <= 0 and x1 >= cols and y0 <= 0 and y1 >= rows  # the whole pool again
+
+
+def test_the_requests_table_carries_each_requests_map_colour(widget, qtbot, state):
+    """The colour key (issue 15, "a legend of request/tenant colours"): each request's row in
+    the table shows the colour its pages have in the map, by request and by tenant."""
+    from gui.widgets.requests_table import RequestsTable
+
+    table = RequestsTable(state)
+    qtbot.addWidget(table)
+    table.model.colour_of = lambda row: widget.swatch_of(row.slot)
+    table.filter.setCurrentIndex(1)  # all
+    widget.refresh()
+
+    def swatch(rid):
+        row = table.model.row_of(rid)
+        return table.model.data(table.model.index(row, 0), Qt.DecorationRole)
+
+    shown = swatch("req-a")
+    assert shown is not None
+    assert (shown.red(), shown.green(), shown.blue()) == lut_rgb(widget, owner_index(widget, "prefill-0", 3))
+    assert swatch("req-a") != swatch(next(r for r in state.requests if r != "req-a"))
+    widget.set_color_mode("state")
+    assert swatch("req-a") is None  # state mode: pages are coloured by state, not owner
