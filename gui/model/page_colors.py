@@ -405,6 +405,17 @@ class PageColors:
         lut[~keep, :3] = faded[~keep]
         return lut
 
+    def swatch(self, slot: int) -> tuple[int, int, int] | None:
+        """The RGB of a slot's written pages in the current mode (the index the map gives
+        them, through the same table); None in state mode or while it has no colour."""
+        if self._mode == "state" or slot < 0:
+            return None
+        colour = self.colour_of_slot(slot)
+        if colour is None:
+            return None
+        index = int(_index_of(np.array([WRITTEN]), np.array([colour]))[0])
+        return None if index == NEUTRAL else self.rgba(index)[:3]
+
     def rgba(self, index: int, selected_slot: int | None = None) -> tuple[int, int, int, int]:
         r, g, b, a = self.lut(selected_slot)[index]
         return int(r), int(g), int(b), int(a)

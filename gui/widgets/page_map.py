@@ -34,13 +34,11 @@ from gui import theme
 from gui.model.engine_state import EngineState
 from gui.model.page_colors import (
     BRIGHT_BASE,
-    CANARY_COLOUR,
     CANARY_PAGE,
     FREE,
     FREE_PAGE,
     LEVELS,
     MODES,
-    NUM_COLOURS,
     QUARANTINED_PAGE,
     STATE_BASE,
     STATE_NAMES,
@@ -324,16 +322,8 @@ class PageMapWidget(StateView, QWidget):
     def swatch_of(self, slot: int) -> QColor | None:
         """The colour a slot's written pages show in the current mode (None: no colour yet,
         or in state mode): the requests table's key to the map."""
-        if self.colors.mode == "state" or slot < 0:
-            return None
-        colour = self.colors.colour_of_slot(slot)
-        if colour is None:
-            return None
-        index = CANARY_PAGE if colour == CANARY_COLOUR else BRIGHT_BASE + colour if colour < NUM_COLOURS else None
-        if index is None:
-            return None
-        r, g, b = (int(v) for v in self.colors.lut()[index, :3])
-        return QColor(r, g, b)
+        rgb = self.colors.swatch(slot)
+        return QColor(*rgb) if rgb is not None else None
 
     def fit_all(self) -> None:
         """Undo any zoom and pan: every pool whole in its box, following resizes again."""
