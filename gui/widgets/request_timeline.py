@@ -45,6 +45,13 @@ def segments(row: RequestRow, now: float) -> list[tuple[str, float, float]]:
     return out
 
 
+def _table_rows(parts: list[tuple[str, float, float]]) -> list[tuple[str, str, str]]:
+    """(phase label, start clock, duration) of each segment: the bar and the table share one
+    clock reading."""
+    return [(PHASE_LABELS.get(phase, phase), _clock(start), "—" if phase in ENDS else f"{1e3 * (end - start):,.1f} ms")
+            for phase, start, end in parts]
+
+
 def _tone(phase: str) -> QColor:
     if phase in RUNNING:
         return theme.series_color(RUNNING.index(phase))
@@ -117,13 +124,7 @@ class RequestTimeline(StateView, QWidget):
     def rows(self) -> list[tuple[str, str, str]]:
         """(phase label, start clock, duration) of the request shown, for tests and copying."""
         row = self.state.requests.get(self.request_id) if self.request_id else None
-        if row is None:
-            return []
-        out = []
-        for phase, start, end in segments(row, time.time()):
-            duration = "—" if phase in ENDS else f"{1e3 * (end - start):,.1f} ms"
-            out.append((PHASE_LABELS.get(phase, phase), _clock(start), duration))
-        return out
+        return _table_rows(segments(row, time.time())) if row is not None else []
 
     def refresh(self) -> None:
         rid = self.state.selected_request
@@ -148,6 +149,6 @@ class RequestTimeline(StateView, QWidget):
         self.bar.set_parts(parts, row.first_token_at)
         cells = "".join(f"<tr><td><span style='color:{_tone(p).name()}'>■</span> {escape(label)}</td>"
                         f"<td>{start}</td><td align='right'>{duration}</td></tr>"
-                        for (p, _, _), (label, start, duration) in zip(parts, self.rows()))
+                        for (p, _, _), (label, start, duration) in zip(parts, _table_rows(parts)))
         self.table.setHtml(f"<table cellspacing='6'><tr><th align='left'>phase</th><th align='left'>began</th>"
                            f"<th align='right'>lasted</th></tr>{cells}</table>")
