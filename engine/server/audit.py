@@ -30,6 +30,7 @@ class _Subject:
     events: list[dict] = field(default_factory=list)
     merged: dict[tuple, int] = field(default_factory=dict)  # merge key -> index in events
     elided: int = 0
+    latest: float = 0.0  # the time of its newest event kept (a merged repeat counts)
 
     def listing(self) -> list[dict]:
         out = list(self.events)
@@ -70,7 +71,7 @@ class AuditLog:
             if index is not None:
                 first = subject.events[index]
                 first["repeated"] = first.get("repeated", 1) + 1
-                first["last_time"] = now
+                first["last_time"] = subject.latest = now
                 for name, value in fields.items():
                     if isinstance(value, (list, tuple)):
                         total = f"{name}_total"
@@ -82,6 +83,7 @@ class AuditLog:
         if key is not None:
             subject.merged[key] = len(subject.events)
         subject.events.append({"event": event, "time": now, **_bounded(fields)})
+        subject.latest = now
 
     def events(self, request_id: str) -> list[dict]:
         subject = self._subjects.get(request_id)
@@ -95,10 +97,7 @@ class AuditLog:
         they were first seen, starting after sequence number `after`; at most `limit`."""
         out = []
         for rid, subject in self._subjects.items():
-            if subject.seq <= after or not subject.events:
-                continue
-            latest = max(subject.events[-1]["time"], max(e.get("last_time", 0.0) for e in subject.events))
-            if latest >= since:
+            if subject.seq > after and subject.latest >= since:
                 out.append((rid, subject.listing(), subject.seq))
                 if limit is not None and len(out) >= limit:
                     break
