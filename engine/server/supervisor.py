@@ -44,6 +44,7 @@ METRICS_PERIOD_S = 1.0
 PROGRESS_PERIOD_S = 0.5
 WORKERS_PERIOD_S = 2.0
 CAPACITY_PERIOD_S = 10.0
+QUEUED_NEEDS = ("decode", "prefill")  # what a queued request waits for, in the order it needs them
 
 
 class Supervisor:
@@ -314,21 +315,26 @@ class Supervisor:
         role), so that its `accepted`, status and audit agree from the first moment. An audit
         asked right after `accepted` was answered in the same drain, before fail_unplaced ran
         (waiting_for None for a request that waited on a crashed prefill worker)."""
-        why = next((w for role in ("decode", "prefill") if (w := self.workers.why_none_ready(role))), None)
-        if why is not None:
-            rec.waiting_for = why
+        why = self._why_none_ready()
+        blocked = next((role for role in QUEUED_NEEDS if why[role]), None)
+        if blocked is not None:
+            rec.waiting_for = why[blocked]
             self._unplaced.add(rec.request_id)  # fail_unplaced keeps it current from here
+
+    def _why_none_ready(self) -> dict[str, str | None]:
+        """role -> why no worker of it is ready (None: one is)."""
+        return {role: self.workers.why_none_ready(role) for role in QUEUED_NEEDS}
 
     def fail_unplaced(self, now: float | None = None) -> None:
         """Requests waiting for a role with no ready worker: their reason is in status; they
         fail after workers.unplaced_timeout_s, or at once when no worker of that role can
         come back (stopped, or crashed and not restarted). Waiting for pages is not this."""
         now = time.monotonic() if now is None else now
-        why = {role: self.workers.why_none_ready(role) for role in ("decode", "prefill")}
+        why = self._why_none_ready()
         if not any(why.values()) and not self._unplaced:
             return  # the usual case: every role has a ready worker, nobody was marked waiting
         timeout = self.config.workers.unplaced_timeout_s
-        for line, roles in ((self.book.queue, ("decode", "prefill")), (self.book.awaiting_prefill, ("prefill",))):
+        for line, roles in ((self.book.queue, QUEUED_NEEDS), (self.book.awaiting_prefill, ("prefill",))):
             for rid in list(line):
                 rec = self.book[rid]
                 blocked = next((role for role in roles if why[role]), None)
