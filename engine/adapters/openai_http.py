@@ -26,6 +26,8 @@ class Completion:
     prompt_tokens: int | None = None
     error_code: str | None = None
     error: str | None = None
+    finish_reason: str | None = None  # None: no choice ended (or the reader hung up first)
+    completion_tokens: int | None = None  # usage.completion_tokens, else the text chunks counted
 
     @property
     def ok(self) -> bool:
@@ -94,16 +96,19 @@ class OpenAIHttp:
             return Completion(exc.code, "", None, *_error_of(exc))
         choice = (answer.get("choices") or [{}])[0]
         usage = answer.get("usage") or {}
-        return Completion(200, str(choice.get("text") or ""), usage.get("prompt_tokens"))
+        return Completion(200, str(choice.get("text") or ""), usage.get("prompt_tokens"),
+                          finish_reason=choice.get("finish_reason"), completion_tokens=usage.get("completion_tokens"))
 
     def stream(self, body: dict, read_chars: int) -> Completion:
         """POST a streamed completion and read until it ends or `read_chars` characters came;
-        then hang up (a server that notices stops generating for nobody)."""
+        then hang up (a server that notices stops generating for nobody). The finish reason
+        and the usage counts (sent when the body asks stream_options.include_usage) are kept
+        when the stream gets that far; without usage the text chunks are counted as tokens."""
         try:
             response = self._open("/completions", {**body, "stream": True})
         except urllib.error.HTTPError as exc:
             return Completion(exc.code, "", None, *_error_of(exc))
-        text, done = [], Completion(200)
+        text, done, chunks = [], Completion(200), 0
         with response:
             for raw in response:
                 line = raw.decode("utf-8", "replace").strip()
@@ -117,10 +122,20 @@ class OpenAIHttp:
                     error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
                     done.error_code, done.error = str(error.get("code")), str(error.get("message"))
                     break
-                text += [str(c.get("text") or "") for c in chunk.get("choices") or []]
+                usage = chunk.get("usage")
+                if isinstance(usage, dict):
+                    done.prompt_tokens = usage.get("prompt_tokens", done.prompt_tokens)
+                    done.completion_tokens = usage.get("completion_tokens", done.completion_tokens)
+                for choice in chunk.get("choices") or []:
+                    piece = str(choice.get("text") or "")
+                    text.append(piece)
+                    chunks += bool(piece)
+                    done.finish_reason = choice.get("finish_reason") or done.finish_reason
                 if sum(map(len, text)) >= read_chars:
                     break
         done.text = "".join(text)
+        if done.completion_tokens is None and done.finish_reason is not None:
+            done.completion_tokens = chunks
         return done
 
 
