@@ -84,7 +84,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
     def __init__(self, *, readonly: bool = False, theme: str = "system"):
         super().__init__()
         self.state = EngineState()
-        self.readonly = readonly
+        self.readonly = readonly  # the user's choice (--readonly, the attach dialog); see effective_readonly
         self.transport = None
         self.endpoint = ""
         self.hosted = False
@@ -256,6 +256,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self.state = self.state if self.transport is None and self.snapshot is None else self._fresh_state()
         self._leave_snapshot()
         self.transport, self.endpoint, self.hosted = transport, endpoint, hosted
+        self._show_readonly()  # the engine left behind may have been read-only; this one has not said yet
         transport.telemetry.connect(self.on_telemetry)
         transport.status.connect(self.on_status)
         transport.reply.connect(self.on_reply)
@@ -286,7 +287,10 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
             self.state.apply(msg)  # marks what changed; views repaint at the next refresh
 
     def on_status(self, status: dict) -> None:
+        before = (self.engine_readonly, self.state.engine.get("name"))
         self.state.apply_status(status)
+        if (self.engine_readonly, self.state.engine.get("name")) != before:
+            self._show_readonly()
         if not self.state.current_alerts() and status.get("alerts"):
             from engine.wire.protocol import Message
 
@@ -347,7 +351,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         connected = self.connection == "connected" and self.transport is not None and self.snapshot is None
         for action in self.actions():
             if action.property("control"):
-                action.setEnabled(connected and not self.readonly)
+                action.setEnabled(connected and not self.effective_readonly)
         self.export_action.setEnabled(connected and self.export_job is None)
 
     # ---- commands -----------------------------------------------------------------------
@@ -355,7 +359,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         """Send a command through the transport; refused (None) in readonly mode or offline."""
         if self.transport is None:
             return None
-        if self.readonly and op not in READ_ONLY_OPS:
+        if self.effective_readonly and op not in READ_ONLY_OPS:
             return None
         return self.transport.request(op, **fields)
 
@@ -394,7 +398,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
             self.request("ack_alert", ids=ids)
 
     def open_reconfigure(self) -> None:
-        if self.readonly or self.transport is None:
+        if self.effective_readonly or self.transport is None:
             return
         dialog = ReconfigureDialog(self.state, self)
         dialog.validate_requested.connect(lambda changes: self._reconfigure(changes, False))
@@ -408,7 +412,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
             self._pending_reconfigure[ticket] = apply
 
     def toggle_demo(self, on: bool) -> None:
-        if on and not self.readonly and not self.kv_mode:
+        if on and not self.effective_readonly and not self.kv_mode:
             window = int(self.state.config.get("engine", {}).get("context_window", 2048))
             self.demo = DemoLoad(context_window=window)
             self._demo_timer.start(200)
@@ -455,15 +459,39 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
             self.kv_view.set_theme(self.theme)
         self.metrics.set_theme(self.theme)
 
+    @property
+    def engine_readonly(self) -> bool:
+        """The engine attached says it answers viewer ops only (`read_only: true` in its
+        status's engine map: the PageWarden agent for vLLM). Read from the state, so it ends
+        with the engine (another attach, a snapshot, KV-event mode)."""
+        return (self.transport is not None and self.snapshot is None and not self.kv_mode
+                and self.state.engine.get("read_only") is True)
+
+    @property
+    def effective_readonly(self) -> bool:
+        """What the window does: read-only when the user chose it or the engine is read-only."""
+        return self.readonly or self.engine_readonly
+
     def set_readonly(self, readonly: bool) -> None:
+        """The user's choice (--readonly, the attach dialog); a read-only engine overrides
+        it while attached, and the choice is back once the window leaves that engine."""
         self.readonly = readonly
+        self._show_readonly()
+
+    def _show_readonly(self) -> None:
+        readonly, by_engine = self.effective_readonly, self.engine_readonly
         for view in (self.workers_panel, self.alerts_table, self.banner):
             view.set_readonly(readonly)
         if readonly:
             self.toggle_demo(False)
         self._update_enablement()
+        why = "the engine answers viewer requests only" if by_engine else "read-only window (--readonly)"
+        self.status_line.set_readonly(readonly, why)
         if self.snapshot is None:
-            self.setWindowTitle("PageWarden — read-only" if readonly else "PageWarden")
+            name = self.state.engine.get("name") if by_engine else None
+            title = ("PageWarden — read-only engine" + (f": {name}" if isinstance(name, str) and name else "")
+                     if by_engine else "PageWarden — read-only" if readonly else "PageWarden")
+            self.setWindowTitle(title)
 
     def show_about(self) -> None:
         AboutDialog(__version__, SHORTCUTS, self).exec()

@@ -4,6 +4,9 @@ A delta applies only on top of the message just before it (seq + 1); after a gap
 is marked stale until the next keyframe, which the owner should then ask for. Each pool
 collects the pages changed since its reader last took them (`PoolMirror.take_changes`), so
 a reader that skips messages still recomputes only what changed.
+
+A pool keeps the optional page arrays (OPTIONAL_PAGE_FIELDS: `refs`) its keyframe carries;
+`PoolMirror.holders()` says how many requests hold each page, with or without `refs`.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.wire.protocol import PAGE_FIELDS, Message, ProtocolError, check_page_arrays
+from engine.wire.page_tags import PageState
+from engine.wire.protocol import OPTIONAL_PAGE_FIELDS, PAGE_FIELDS, Message, ProtocolError, check_page_arrays
+
+_FREE = int(PageState.FREE)
 
 
 @dataclass
@@ -31,6 +37,27 @@ class PoolMirror:
     _pending: list[np.ndarray] = field(default_factory=list, repr=False)
     _pending_count: int = field(default=0, repr=False)
     _all_pending: bool = field(default=True, repr=False)  # a new pool: every page is new
+
+    @property
+    def has_refs(self) -> bool:
+        """The engine says how many requests hold each page (it shares pages: vLLM)."""
+        return "refs" in self.arrays
+
+    def holders(self, index=None) -> np.ndarray:
+        """int32 per page (or per page of `index`): how many live requests hold it. The
+        pool's `refs` when its engine sends them; otherwise 1 for a page whose state is not
+        FREE, 0 for a free one (an engine that never shares pages)."""
+        refs = self.arrays.get("refs")
+        if refs is not None:
+            return refs if index is None else refs[index]
+        state = self.arrays["state"] if index is None else self.arrays["state"][index]
+        return (np.asarray(state) != _FREE).astype(np.int32)
+
+    def shared_pages(self) -> np.ndarray:
+        """The pages (int32, ascending) held by more than one request; empty without `refs`."""
+        if not self.has_refs:
+            return np.empty(0, dtype=np.int32)
+        return np.flatnonzero(self.holders() > 1).astype(np.int32)
 
     def note_changes(self, index: np.ndarray | None) -> None:
         """Record pages changed by the message just applied (None: every page)."""
@@ -87,7 +114,11 @@ class PageMirror:
             return False
         check_page_arrays(msg, pool.num_pages)
         index = msg.arrays["index"]
-        for key in PAGE_FIELDS:
+        if "refs" in msg.arrays and "refs" not in pool.arrays:  # refs from now on: the rest has the default
+            pool.arrays["refs"] = pool.holders()
+        elif "refs" in pool.arrays and "refs" not in msg.arrays:  # these pages fall back to the default
+            pool.arrays["refs"][index] = (msg.arrays["state"] != _FREE).astype(np.int32)
+        for key in (*PAGE_FIELDS, *(k for k in OPTIONAL_PAGE_FIELDS if k in msg.arrays)):
             pool.arrays[key][index] = msg.arrays[key]
         pool.seq = seq
         pool.note_changes(index)
@@ -96,7 +127,7 @@ class PageMirror:
     def _keyframe(self, name: str, seq: int, msg: Message, pool: PoolMirror | None) -> None:
         num_pages = int(msg.get("num_pages", -1))
         check_page_arrays(msg, num_pages)
-        arrays = {k: msg.arrays[k].copy() for k in PAGE_FIELDS}
+        arrays = {k: msg.arrays[k].copy() for k in (*PAGE_FIELDS, *OPTIONAL_PAGE_FIELDS) if k in msg.arrays}
         role, page_size = str(msg.get("role", "")), int(msg.get("page_size", 0))
         if pool is None or (pool.num_pages, pool.role, pool.page_size) != (num_pages, role, page_size):
             self.pools[name] = PoolMirror(name, role, num_pages, page_size, seq, arrays,
@@ -106,5 +137,9 @@ class PageMirror:
         differs = np.zeros(num_pages, dtype=bool)
         for key in PAGE_FIELDS:
             differs |= pool.arrays[key] != arrays[key]
+        if pool.has_refs or "refs" in arrays:  # refs came or went: compare who holds each page
+            before = pool.holders()
+            after = PoolMirror(name, role, num_pages, page_size, seq, arrays).holders()
+            differs |= before != after
         pool.arrays, pool.seq, pool.stale = arrays, seq, False
         pool.note_changes(np.flatnonzero(differs))

@@ -239,21 +239,33 @@ def reply(msg_id, result: dict | None = None, arrays: dict[str, np.ndarray] | No
 # ---- page metadata on the wire --------------------------------------------------------
 
 PAGE_FIELDS = {"owner": np.int32, "epoch": np.int64, "writer": np.int64, "filled": np.int32, "state": np.uint8}
+# Page arrays an engine may add to every keyframe and delta of a pool (when a keyframe carries
+# one, the deltas of that pool should too). `refs`: how many live requests hold the page, for
+# engines that share pages between requests (vLLM's prefix cache); without it a page is held
+# by one request when its state is not FREE, else by none (PoolMirror.holders()).
+OPTIONAL_PAGE_FIELDS = {"refs": np.int32}
 
 
 def page_arrays(meta: dict[str, np.ndarray], index: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """The five metadata arrays (all pages, or only `index`), typed for the wire."""
+    """The five metadata arrays (all pages, or only `index`), typed for the wire, plus any
+    optional page array (OPTIONAL_PAGE_FIELDS) that `meta` holds."""
     out = {}
     if index is not None:
         out["index"] = np.asarray(index, dtype=np.int32)
     for name, dtype in PAGE_FIELDS.items():
         arr = meta[name] if index is None else meta[name][index]
         out[name] = np.ascontiguousarray(arr, dtype=dtype)
+    for name, dtype in OPTIONAL_PAGE_FIELDS.items():
+        if name in meta:
+            arr = meta[name] if index is None else meta[name][index]
+            out[name] = np.ascontiguousarray(arr, dtype=dtype)
     return out
 
 
 def check_page_arrays(msg: Message, num_pages: int | None = None) -> None:
-    """Raises ProtocolError unless msg carries the five metadata arrays of equal length."""
+    """Raises ProtocolError unless msg carries the five metadata arrays of equal length, and
+    each optional page array it carries (OPTIONAL_PAGE_FIELDS) is 1-D, of its dtype and of
+    the same length."""
     lengths = set()
     for name, dtype in PAGE_FIELDS.items():
         arr = msg.arrays.get(name)
@@ -269,3 +281,16 @@ def check_page_arrays(msg: Message, num_pages: int | None = None) -> None:
         lengths.add(num_pages)
     if len(lengths) != 1:
         raise ProtocolError(f"page arrays have different lengths: {sorted(lengths)}")
+    length = lengths.pop()
+    for name, dtype in OPTIONAL_PAGE_FIELDS.items():
+        arr = msg.arrays.get(name)
+        if arr is None:
+            continue
+        if arr.dtype != np.dtype(dtype) or arr.ndim != 1:
+            raise ProtocolError(f"optional page array {name!r} must be 1-D {np.dtype(dtype).name}, "
+                                f"got {arr.ndim}-D {arr.dtype.name}")
+        if len(arr) != length:
+            raise ProtocolError(f"optional page array {name!r} has {len(arr):,} entries, the other page arrays "
+                                f"{length:,}")
+        if len(arr) and arr.min() < 0:
+            raise ProtocolError(f"optional page array {name!r} holds a negative count ({int(arr.min())})")

@@ -4,7 +4,9 @@ Pages go row-major into a grid about as wide as it is tall (the width a multiple
 cells past the last page are NO_PAGE padding. PoolImage follows one pool of a PageMirror
 and recomputes only the pages that changed: the pool's `take_changes()` (every page the
 messages since the last update touched, however many), everything for a new pool or after
-a mode change.
+a mode change. `shared_overlay` draws the marker of pages held by more than one request (an
+RGBA image laid over a pool's index image: a white stripe edged in black across each such
+cell, visible on every colour and in every mode).
 
 Qt-free: numpy only.
 """
@@ -20,6 +22,10 @@ from engine.client import PoolMirror
 from gui.model.page_colors import FREE_PAGE, NO_PAGE, QUARANTINED_PAGE, PageColors
 
 GRID_ALIGN = 8
+SHARED_SUB_MAX = 8  # pixels per cell side of the shared-page overlay (fewer for big pools)
+SHARED_IMAGE_SIDE = 1024  # the overlay image's longer side stays within this
+SHARED_STRIPE = (255, 255, 255, 255)  # the stripe across a shared page's cell...
+SHARED_EDGE = (0, 0, 0, 255)  # ...and its edges
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,42 @@ class PageGrid:
         """(x, y) image coordinates of the middle of a page's cell."""
         row, col = self.cell_of(page)
         return col + 0.5, row + 0.5
+
+
+def shared_sub(grid: PageGrid) -> int:
+    """Overlay pixels per cell side for a grid: SHARED_SUB_MAX, fewer (at least 2) for big pools."""
+    return max(2, min(SHARED_SUB_MAX, SHARED_IMAGE_SIDE // max(grid.rows, grid.cols)))
+
+
+def shared_cell(sub: int) -> np.ndarray:
+    """(sub, sub, 4) uint8 RGBA: one cell's marker, a stripe from the bottom-left corner to the
+    top-right one (edged on both sides), transparent elsewhere."""
+    i, j = np.indices((sub, sub))
+    diagonal = i + j - (sub - 1)  # 0 on the stripe, +-1 beside it
+    cell = np.zeros((sub, sub, 4), dtype=np.uint8)
+    cell[np.abs(diagonal) == 1] = SHARED_EDGE
+    cell[diagonal == 0] = SHARED_STRIPE
+    return cell
+
+
+def shared_overlay(grid: PageGrid, pages: np.ndarray) -> np.ndarray:
+    """(rows * sub, cols * sub, 4) uint8 RGBA over a pool's grid: the marker in the cell of each
+    page in `pages`, transparent elsewhere (sub = shared_sub(grid); the image covers the same
+    rect as the index image, cell (r, c) at pixels [r*sub, (r+1)*sub) x [c*sub, (c+1)*sub))."""
+    sub = shared_sub(grid)
+    mask = np.zeros(grid.rows * grid.cols, dtype=np.uint8)
+    pages = np.asarray(pages, dtype=np.intp)
+    mask[pages[(pages >= 0) & (pages < grid.num_pages)]] = 1
+    mask = mask.reshape(grid.rows, 1, grid.cols, 1, 1)
+    image = mask * shared_cell(sub)[None, :, None, :, :]
+    return image.reshape(grid.rows * sub, grid.cols * sub, 4)
+
+
+def shared_cells_of(grid: PageGrid, overlay: np.ndarray) -> np.ndarray:
+    """The pages (int64, ascending) whose cell an overlay marks: the inverse of shared_overlay."""
+    sub = overlay.shape[0] // grid.rows
+    marked = overlay[..., 3].reshape(grid.rows, sub, grid.cols, sub).any(axis=(1, 3)).reshape(-1)
+    return np.flatnonzero(marked[:grid.num_pages])
 
 
 class PoolImage:

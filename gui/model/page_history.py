@@ -6,7 +6,8 @@ deltas against the previous frame (the first frame, and one frame in `KEYFRAME_E
 hold every page), with the requests that owned pages then (a slot is reused by later
 requests). What it keeps is bounded twice: frames older than `window_s` go, and the oldest
 go while the frames hold more than `budget_bytes`. `frame(i)` rebuilds frame i as
-PoolMirrors that a page map draws like live ones.
+PoolMirrors that a page map draws like live ones. A pool's optional page arrays (`refs`)
+are recorded with the five others; a pool that gains or loses one gets a full frame.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.client.page_mirror import PageMirror, PoolMirror
-from engine.wire.protocol import PAGE_FIELDS
+from engine.wire.protocol import OPTIONAL_PAGE_FIELDS, PAGE_FIELDS
 
 WINDOW_S = 600.0  # ten minutes, like the metric plots
 INTERVAL_S = 0.25  # at most four frames a second
@@ -31,6 +32,11 @@ class _PoolShape:
     role: str
     num_pages: int
     page_size: int
+    fields: tuple[str, ...] = tuple(PAGE_FIELDS)  # the page arrays recorded: the five, plus `refs` if sent
+
+
+def _fields(pool: PoolMirror) -> tuple[str, ...]:
+    return (*PAGE_FIELDS, *(k for k in OPTIONAL_PAGE_FIELDS if k in pool.arrays))
 
 
 @dataclass
@@ -98,20 +104,20 @@ class PageHistory:
         if self._frames and now - self._frames[-1].time < self.interval_s:
             return False
         pools = {name: pool for name, pool in mirror.pools.items() if not pool.stale}
-        shapes = {name: _PoolShape(p.role, p.num_pages, p.page_size) for name, p in pools.items()}
+        shapes = {name: _PoolShape(p.role, p.num_pages, p.page_size, _fields(p)) for name, p in pools.items()}
         key = not self._frames or self._since_key + 1 >= KEYFRAME_EVERY
         full, delta = {}, {}
         for name, pool in pools.items():
             last = self._last.get(name)
             if key or last is None or shapes[name] != self._last_shapes.get(name):
-                full[name] = {k: pool.arrays[k].copy() for k in PAGE_FIELDS}
+                full[name] = {k: pool.arrays[k].copy() for k in shapes[name].fields}
                 continue
             differs = np.zeros(pool.num_pages, dtype=bool)
-            for k in PAGE_FIELDS:
+            for k in shapes[name].fields:
                 differs |= pool.arrays[k] != last[k]
             index = np.flatnonzero(differs).astype(np.int32)
             if len(index):
-                delta[name] = (index, {k: pool.arrays[k][index].copy() for k in PAGE_FIELDS})
+                delta[name] = (index, {k: pool.arrays[k][index].copy() for k in shapes[name].fields})
         if self._frames and not full and not delta and shapes == self._last_shapes:
             return False  # nothing changed: the last frame still says it
         owners = self._owners(pools, owner_of_slot)
@@ -123,8 +129,8 @@ class PageHistory:
         for name, arrays in full.items():
             self._last[name] = {k: v.copy() for k, v in arrays.items()}
         for name, (index, values) in delta.items():
-            for k in PAGE_FIELDS:
-                self._last[name][k][index] = values[k]
+            for k, v in values.items():
+                self._last[name][k][index] = v
         for gone in set(self._last) - set(pools):
             del self._last[gone]
         self._last_shapes, self._last_owners = shapes, owners
@@ -161,8 +167,8 @@ class PageHistory:
             arrays = gone.full[name]  # the frame that went was full: its arrays are free to reuse
             if name in new_first.delta:
                 index, values = new_first.delta.pop(name)
-                for k in PAGE_FIELDS:
-                    arrays[k][index] = values[k]
+                for k, v in values.items():
+                    arrays[k][index] = v
                 new_first.nbytes -= index.nbytes + _nbytes(values)
                 self.nbytes -= index.nbytes + _nbytes(values)
             new_first.full[name] = arrays
@@ -187,8 +193,8 @@ class PageHistory:
             for name, full in stored.full.items():
                 arrays[name] = {k: v.copy() for k, v in full.items()}
             for name, (index, values) in stored.delta.items():
-                for k in PAGE_FIELDS:
-                    arrays[name][k][index] = values[k]
+                for k, v in values.items():
+                    arrays[name][k][index] = v
         stored = self._frames[i]
         pools = {}
         for name, shape in stored.shapes.items():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.wire.protocol import PAGE_FIELDS
+from engine.wire.protocol import OPTIONAL_PAGE_FIELDS, PAGE_FIELDS
 from gui.snapshot.collect import SCHEMA, Snapshot
 
 METRIC_COLUMNS = ("time", "tokens_per_s", "ttft_ms_p50", "ttft_ms_max", "tpot_ms_p50", "queue_depth", "running")
@@ -67,7 +67,7 @@ def _plain(value):
 def pages_npz(pages: dict[str, dict[str, np.ndarray]]) -> bytes:
     out = io.BytesIO()
     np.savez_compressed(out, **{f"{pool}/{key}": np.asarray(arrays[key]) for pool, arrays in pages.items()
-                                for key in PAGE_FIELDS})
+                                for key in (*PAGE_FIELDS, *OPTIONAL_PAGE_FIELDS) if key in arrays})
     return out.getvalue()
 
 
@@ -226,14 +226,14 @@ def _pages(data, warnings: list[str]) -> dict[str, dict[str, np.ndarray]]:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             for key in npz.files:
                 pool, _, name = key.rpartition("/")
-                if pool and name in PAGE_FIELDS:
+                if pool and (name in PAGE_FIELDS or name in OPTIONAL_PAGE_FIELDS):
                     pages.setdefault(pool, {})[name] = npz[key]
     except Exception as exc:  # numpy raises many kinds for a damaged archive
         warnings.append(f"pages.npz cannot be read ({type(exc).__name__}: {exc}): no page maps")
         return {}
     for pool, arrays in list(pages.items()):
         sizes = {len(a) for a in arrays.values()}
-        if set(arrays) != set(PAGE_FIELDS) or len(sizes) != 1:
+        if not set(PAGE_FIELDS) <= set(arrays) or len(sizes) != 1:
             warnings.append(f"pages.npz: pool {pool} has arrays {sorted(arrays)} of lengths {sorted(sizes)}; "
                             f"it is left out")
             del pages[pool]

@@ -5,7 +5,9 @@ pool's uint8 index image through a 256-entry LUT (the Indexed8 fast path). `refr
 repaints from the latest EngineState; the widget follows the state's pages, requests,
 stale and selection events, which the window's 10 Hz timer flushes (never per message).
 Hover names the page under the mouse; a click selects the page's request in the state's
-one Selection, and the selection is a LUT swap shared by all pools.
+one Selection, and the selection is a LUT swap shared by all pools. Pages held by more than
+one request (engines that send `refs`: vLLM's prefix cache) carry a striped marker, drawn as
+one RGBA image item per pool over the index image (gui.model.page_grid.shared_overlay).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from html import escape
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QPointF, Qt, Signal
+from PySide6.QtCore import QEvent, QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QCursor, QImage
 from PySide6.QtWidgets import (
     QComboBox,
@@ -44,7 +46,7 @@ from gui.model.page_colors import (
     STATE_NAMES,
     PageColors,
 )
-from gui.model.page_grid import PageGrid, PoolImage
+from gui.model.page_grid import SHARED_EDGE, SHARED_STRIPE, PageGrid, PoolImage, shared_overlay
 from gui.model.page_history import HistoryFrame
 from gui.model.selection import Selection
 from gui.widgets.elided_label import ElidedLabel
@@ -129,6 +131,12 @@ class _PoolView:
         self.dim.setZValue(1)
         self.dim.setVisible(False)
         self.view.addItem(self.dim)
+        self.shared = pg.ImageItem(axisOrder="row-major")  # the marker of pages held by > 1 request
+        self.shared.setZValue(0.5)  # over the pages, under the find's veil
+        self.shared.setVisible(False)
+        self.view.addItem(self.shared)
+        self.shared_pages = np.empty(0, dtype=np.int32)  # the pages marked, ascending
+        self._shared_shape: tuple[int, int] | None = None
         self.image = PoolImage(colors)
         self.shape: tuple[int, int] | None = None
         self.lut: np.ndarray | None = None
@@ -146,6 +154,20 @@ class _PoolView:
         veil[~keep] = FIND_VEIL
         self.dim.setImage(veil, levels=(0, 255), autoLevels=False)
         self.dim.setVisible(True)
+
+    def set_shared(self, pages: np.ndarray) -> None:
+        """Mark these pages (ascending) as shared; redrawn only when they or the grid change."""
+        grid = self.image.grid
+        shape = (grid.rows, grid.cols)
+        if shape == self._shared_shape and np.array_equal(pages, self.shared_pages):
+            return
+        self.shared_pages, self._shared_shape = np.asarray(pages, dtype=np.int32).copy(), shape
+        if not len(pages):
+            self.shared.setVisible(False)
+            return
+        self.shared.setImage(shared_overlay(grid, pages), levels=(0, 255), autoLevels=False)
+        self.shared.setRect(QRectF(0, 0, grid.cols, grid.rows))  # the overlay's pixels are finer than cells
+        self.shared.setVisible(True)
 
     def set_title(self, text: str) -> None:
         if text != self.title_text:  # a LabelItem relayouts on every setText
@@ -191,6 +213,7 @@ class PageMapWidget(StateView, QWidget):
         self._order: list[str] | None = None  # None: rebuild the pool views on the next refresh
         self._stale = False
         self._legend_tenants = 0  # tenants in the legend's key as last written
+        self._legend_shared = False  # the legend keys the shared-page marker (some pool sends refs)
         self.state = state
         self._hover_text = ""
         self.frame: HistoryFrame | None = None  # a frame of the history shown instead of live pages
@@ -251,6 +274,7 @@ class PageMapWidget(StateView, QWidget):
         self.colors = colors
         self._order = None
         self._legend_tenants = -1  # rewrite the key
+        self._legend_shared = False
         self.frame = None  # the history was the other engine's
         self.refresh()
 
@@ -363,15 +387,21 @@ class PageMapWidget(StateView, QWidget):
         self.colors.end_frame()
         lut = self.colors.lut(self.selected_slot)
         down = self._pools_not_running() if self.frame is None else {}
-        if self.colors.mode == "tenant" and len(self.colors.tenants.of_tenant) != self._legend_tenants:
+        shared_key = any(pool.has_refs for pool in pools)
+        if (self.colors.mode == "tenant" and len(self.colors.tenants.of_tenant) != self._legend_tenants
+                or shared_key != self._legend_shared):
             self._legend_tenants = len(self.colors.tenants.of_tenant)
+            self._legend_shared = shared_key
             self.legend.setText(self._legend_html())
         self._note_selection(pools)
         self._apply_find(pools)
         for pool in pools:
             view = self._views[pool.name]
             view.show(lut, changed[pool.name])
-            view.item.setOpacity(STOPPED_OPACITY if pool.name in down else 1.0)
+            view.set_shared(pool.shared_pages())
+            opacity = STOPPED_OPACITY if pool.name in down else 1.0
+            view.item.setOpacity(opacity)
+            view.shared.setOpacity(opacity)
             view.set_title(self._title(pool, view.image, down.get(pool.name)))
 
     def _note_selection(self, pools: list[PoolMirror]) -> None:
@@ -442,6 +472,8 @@ class PageMapWidget(StateView, QWidget):
         if self.frame is not None:
             at = dt.datetime.fromtimestamp(self.frame.time).strftime("%H:%M:%S.%f")[:-5]
             notes.append(f"<b style='color:{theme.color('warning', t.name).name()}'>history: as at {at}</b>")
+        if view is not None and len(view.shared_pages):
+            notes.append(f"{len(view.shared_pages):,} shared")
         if image.quarantined_pages:
             notes.append(f"<b style='color:{_hex(t.quarantined)}'>{image.quarantined_pages:,} quarantined</b>")
         warning = theme.color("warning", t.name).name()
@@ -466,7 +498,11 @@ class PageMapWidget(StateView, QWidget):
         def swatch(index: int, label: str) -> str:
             return f"<span style='color:{_hex(lut[index])}'>■</span>&nbsp;{label}"
 
-        items = [swatch(FREE_PAGE, "free")]
+        items = []
+        if self._legend_shared:  # the marker itself, a white stripe edged in black; first: the key is cut at the right
+            items.append(f"<span style='color:{_hex(SHARED_STRIPE)}; background-color:{_hex(SHARED_EDGE)}'>"
+                         f"&nbsp;╱&nbsp;</span>&nbsp;shared (prefix cache)")
+        items.append(swatch(FREE_PAGE, "free"))
         if self.colors.mode == "state":
             items += [swatch(STATE_BASE + s, STATE_NAMES[s].lower().replace("_", " ")) for s in (1, 2, 3)]
         else:
@@ -512,6 +548,9 @@ class PageMapWidget(StateView, QWidget):
             rid, tenant = self._request_id_of_slot(owner), self._tenant_of_slot(owner)
             who = f"request {rid} (slot {owner})" if rid else f"slot {owner} (request not known)"
             lines.append(f"{who} · tenant {tenant or '?'}")
+        holders = int(mirror.holders(page))
+        if holders > 1:
+            lines.append(f"shared by {holders} requests (prefix cache)")
         filled = f"{int(a['filled']):,}/{mirror.page_size:,} tokens"
         if state == FREE:  # what `filled` says is what its last owner wrote, if anything
             lines.append(f"state {state_name} · epoch {int(a['epoch']):,}"

@@ -1,4 +1,4 @@
-"""StatusLine: engine address, connection state, telemetry age and a STALE flag for the status bar.
+"""StatusLine: engine address and name, connection state, telemetry age and a STALE flag for the status bar.
 
 Stale means no telemetry for a while: what the window shows may no longer be true, so the
 window greys the live views (each its own way) while `stale_changed(True)` holds.
@@ -43,6 +43,8 @@ class StatusLine(StateView, QWidget):
         self._stale: bool | None = None
         self._connection = "disconnected"
         self.address_label = QLabel("no engine")
+        self.name_label = QLabel()  # the engine's `name` from its status (e.g. "vLLM 0.32.0 (PageWarden agent)")
+        self.name_label.hide()
         self.connection_label = QLabel()
         self.age_label = QLabel()
         self.stale_label = QLabel("STALE")
@@ -52,7 +54,7 @@ class StatusLine(StateView, QWidget):
         layout = QHBoxLayout(self)
         layout.setContentsMargins(4, 0, 4, 0)
         layout.setSpacing(12)
-        for label in (self.address_label, self.connection_label, self.age_label, self.readonly_label,
+        for label in (self.address_label, self.name_label, self.connection_label, self.age_label, self.readonly_label,
                       self.stale_label):
             layout.addWidget(label)
         layout.addStretch(1)
@@ -60,7 +62,13 @@ class StatusLine(StateView, QWidget):
         self.refresh()
 
     def follows(self) -> dict:
-        return {"frame": self.refresh}
+        return {"frame": self.refresh, "engine": self._show_engine}
+
+    def _show_engine(self) -> None:
+        name = self.state.engine.get("name") if isinstance(self.state.engine, dict) else None
+        text = name[:120] if isinstance(name, str) else ""
+        self.name_label.setText(text)
+        self.name_label.setVisible(bool(text))
 
     @property
     def stale(self) -> bool:
@@ -80,8 +88,9 @@ class StatusLine(StateView, QWidget):
         tone = "ok" if connection == "connected" else "warning" if connection != "disconnected" else "danger"
         self.connection_label.setStyleSheet(f"color: {theme.color(tone).name()};")
 
-    def set_readonly(self, readonly: bool) -> None:
+    def set_readonly(self, readonly: bool, why: str = "") -> None:
         self.readonly_label.setVisible(bool(readonly))
+        self.readonly_label.setToolTip(why)
 
     def set_snapshot(self, taken: str | None) -> None:
         """Showing a snapshot taken at `taken` (None: live again): no telemetry age, never stale."""
