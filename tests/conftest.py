@@ -85,6 +85,10 @@ def shared_server(tmp_path_factory):
     server.stop()
 
 
+# tests/vllm/ start a real vLLM from its own venv (`make test-vllm`); the main suite never needs it
+collect_ignore = [] if os.environ.get("PAGEWARDEN_VLLM_TESTS") == "1" else ["vllm"]
+
+
 def pytest_collection_modifyitems(items):
     """gui: every test that takes qtbot; e2e: every test that starts a server through the
     fixtures above (modules that start one themselves say pytestmark = pytest.mark.e2e)."""

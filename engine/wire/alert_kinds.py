@@ -117,6 +117,15 @@ ALERT_KINDS = (
                "The detail names the worker and why it crashed; its worker_crashed alert holds the log tail",
                "Usual causes: pools too large for the device's memory, a model path or dtype the worker cannot "
                "load. Fix that value and Reconfigure (Ctrl+R) again")),
+    AlertKind("block_table_mismatch", "critical", False, True,
+              "a request's block table does not cover exactly its computed tokens (vLLM agent)",
+              (_SNAPSHOT_NOW,
+               "vLLM's scheduler holds more or fewer blocks for the request than its tokens need: a block too "
+               "few means tokens written into no block or another's; one too many is a block no one else can use",
+               "Not caused by PageWarden (the agent only reads): file it against vLLM with the snapshot, the "
+               "vLLM version and the flags the server was started with",
+               _NOTIFY_TENANTS,
+               _DRAIN)),
     AlertKind("internal_error", "error", False, False, "the server failed to handle a message",
               ("One message failed (its client got internal_error); the engine went on serving",
                "The subject names where and the exception type, the detail the message: export a snapshot "

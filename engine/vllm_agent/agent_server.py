@@ -1,0 +1,174 @@
+"""AgentServer: the vLLM agent's sockets, on a thread of its own inside vLLM's scheduler process.
+
+It speaks PageWarden's protocol, so the GUI and `main.py status` attach to it as to our own
+engine: a control ROUTER answering the viewer ops it can (status, ping, keyframe,
+page_metadata; everything else gets a `read_only` error naming the op) and a telemetry XPUB
+with `pages/vllm` keyframes and deltas (plus `refs`), `requests`, `alerts` and `capacity`.
+
+The scheduler hands it snapshots through `offer()` (a bounded queue: when the thread falls
+behind, the oldest snapshot is dropped and counted, never the scheduler slowed down); the
+checks and all publishing run here, off the scheduler's thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket
+import threading
+import time
+
+import numpy as np
+import zmq
+
+from engine import __version__
+from engine.server.alerts import AlertBook
+from engine.server.telemetry import TelemetryPublisher
+from engine.vllm_agent.checks import check_snapshot
+from engine.vllm_agent.page_book import POOL, PageBook
+from engine.vllm_agent.snapshot import PoolSnapshot
+from engine.wire.protocol import ProtocolError, error_reply, message_id, reply, unpack
+from engine.wire.roles import VIEWER_OPS
+from engine.wire.sockets import bind_endpoint, drain, harden
+
+KEYFRAME_PERIOD_S = 5.0
+POLL_MS = 20
+MAX_QUEUED_SNAPSHOTS = 64
+ANSWERED_OPS = ("status", "ping", "keyframe", "page_metadata")
+
+
+class AgentServer:
+    def __init__(self, control: str, telemetry: str, *, num_blocks: int, block_size: int, facts: dict,
+                 capacity: dict):
+        self.ctx = zmq.Context()
+        self.control = harden(self.ctx.socket(zmq.ROUTER), "control")
+        self.pub = harden(self.ctx.socket(zmq.XPUB), "publisher")
+        self.control_endpoint = bind_endpoint(self.control, control)
+        self.telemetry_endpoint = bind_endpoint(self.pub, telemetry)
+        self.telemetry = TelemetryPublisher(self.pub)
+        self.alerts = AlertBook(lambda record: self.telemetry.publish("alerts", record))
+        self.book = PageBook(num_blocks, block_size)
+        self.facts, self.capacity = facts, capacity
+        self.started = time.time()
+        self.counters = collections.Counter()
+        self._queue: collections.deque[PoolSnapshot] = collections.deque()
+        self._lock = threading.Lock()
+        self._keyframe_asked = True
+        self._last_keyframe = 0.0
+        self._pending: list[np.ndarray] = []  # pages changed since the last pages message
+        self._running = True
+        if capacity.get("exceeds"):
+            self.alerts.fire("capacity_exceeds_window", "critical", capacity["message"], subject="pool:vllm",
+                             condition=True, pool=POOL)
+        self._thread = threading.Thread(target=self._run, name="pagewarden-agent", daemon=True)
+        self._thread.start()
+
+    # ---- the scheduler's side ---------------------------------------------------------
+    def offer(self, snap: PoolSnapshot) -> None:
+        with self._lock:
+            if len(self._queue) >= MAX_QUEUED_SNAPSHOTS:
+                self._queue.popleft()
+                self.counters["snapshots_dropped"] += 1
+            self._queue.append(snap)
+
+    def close(self) -> None:
+        self._running = False
+        self._thread.join(timeout=5)
+        self.control.close(linger=0)
+        self.pub.close(linger=0)
+        self.ctx.term()
+
+    # ---- the agent's thread -----------------------------------------------------------
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.control, zmq.POLLIN)
+        poller.register(self.pub, zmq.POLLIN)
+        while self._running:
+            ready = dict(poller.poll(POLL_MS))
+            if self.pub in ready:
+                self.telemetry.drain_subscriptions()
+            if self.control in ready:
+                for frames in drain(self.control):
+                    self._answer(frames)
+            with self._lock:
+                snaps, self._queue = list(self._queue), collections.deque()
+            for snap in snaps:
+                self._fold(snap)
+            self._publish_pages()
+            self.alerts.expire()
+
+    def _fold(self, snap: PoolSnapshot) -> None:
+        self.counters["snapshots"] += 1
+        for finding in check_snapshot(snap):
+            self.counters[f"findings:{finding.kind}"] += 1
+            self.alerts.fire(finding.kind, "critical", finding.detail, subject=finding.subject,
+                             requests=finding.requests, pages=finding.pages, pool=POOL, prevented=False)
+        changed, records = self.book.apply(snap)
+        if len(changed):
+            self._pending.append(changed)
+        for record in records:
+            self.telemetry.publish("requests", record)
+
+    def _publish_pages(self) -> None:
+        now = time.monotonic()
+        header = {"pool": POOL, "role": "vllm", "num_pages": self.book.num_blocks,
+                  "page_size": self.book.block_size}
+        if self._keyframe_asked or now - self._last_keyframe >= KEYFRAME_PERIOD_S:
+            self._keyframe_asked, self._last_keyframe, self._pending = False, now, []
+            self._send_pages({**header, "kind": "keyframe"}, self.book.keyframe_arrays())
+            self.telemetry.publish("capacity", {"findings": [self.capacity]})
+        elif self._pending:
+            index = np.unique(np.concatenate(self._pending)).astype(np.int32)
+            self._pending = []
+            self._send_pages({**header, "kind": "delta"}, self.book.delta_arrays(index))
+
+    def _send_pages(self, header: dict, arrays: dict) -> None:
+        topic = f"pages/{POOL}"
+        self.telemetry.publish(topic, header, arrays)
+
+    def _answer(self, frames: list) -> None:
+        identity, body = frames[0], frames[1:]
+        try:
+            msg = unpack(body)
+        except ProtocolError as exc:
+            self.control.send_multipart([identity, *error_reply(message_id(body), exc.code, str(exc))])
+            return
+        op, msg_id = msg.op, msg.get("id")
+        if op == "status":
+            result = self.status(brief=bool(msg.get("brief")))
+        elif op == "ping":
+            result = {"pong": True, "time": time.time()}
+        elif op == "keyframe":
+            self._keyframe_asked = True
+            result = {"pools": [POOL]}
+        elif op == "page_metadata":
+            self.control.send_multipart([identity, *reply(msg_id, {"pool": POOL, "num_pages": self.book.num_blocks,
+                                                                    "page_size": self.book.block_size},
+                                                           self.book.keyframe_arrays())])
+            return
+        else:
+            why = ("this engine is vLLM, watched read-only by PageWarden's agent: it answers "
+                   f"{', '.join(ANSWERED_OPS)}" if op in VIEWER_OPS or op is not None else "no op given")
+            self.control.send_multipart([identity, *error_reply(msg_id, "read_only", f"{op!r} refused: {why}")])
+            return
+        self.control.send_multipart([identity, *reply(msg_id, result)])
+
+    def status(self, brief: bool = False) -> dict:
+        worker = {"name": "vllm", "role": "vllm", "state": "ready", "pid": self.facts.get("pid"),
+                  "device": self.facts.get("device"), "inflight": len(self.book._records),
+                  "pool": {"name": POOL, "pages": self.book.num_blocks, "page_size": self.book.block_size,
+                           "used_pages": self.book.used()}}
+        result = {
+            "engine": {"version": __version__, "name": f"vLLM {self.facts.get('vllm_version', '?')} (PageWarden agent)",
+                       "read_only": True, "control": self.control_endpoint, "telemetry": self.telemetry_endpoint,
+                       "started": self.started, "uptime_s": time.time() - self.started,
+                       "hostname": socket.gethostname(), "time": time.time(), "monotonic": time.monotonic(),
+                       **{k: v for k, v in self.facts.items() if k != "vllm_version"}},
+            "workers": [worker],
+            "capacity": [self.capacity],
+            "counters": dict(self.counters),
+            "telemetry_seq": dict(self.telemetry.seq),
+            "telemetry": self.telemetry.describe(),
+        }
+        if not brief:
+            result["alerts"] = self.alerts.records()
+        return result

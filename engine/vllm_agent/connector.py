@@ -1,0 +1,193 @@
+"""PageWardenConnector: a vLLM v1 KV connector that moves no KV at all; it watches.
+
+Loaded by vLLM (no change to vLLM's source) with
+
+    --kv-transfer-config '{"kv_connector": "PageWardenConnector", "kv_role": "kv_both",
+      "kv_connector_module_path": "engine.vllm_agent.connector",
+      "kv_connector_extra_config": {"control": "tcp://127.0.0.1:7600"}}'
+
+(this repository on PYTHONPATH; docs/vllm-agent.md). Written against vLLM 0.32.0.
+
+On the scheduler side vLLM binds its KVCacheManager (`bind_kv_cache_manager`) and calls
+`build_connector_meta` once per step, between steps: there the connector copies a
+PoolSnapshot out of the manager's block pool and per-request block tables, at most every
+`snapshot_period_s`, and hands it to the AgentServer's thread. Checks and publishing run there.
+`take_events`, called after each step's finished requests are freed, snapshots once more when
+some finished (vLLM may go idle then). State that lives shorter than the period between two
+snapshots is not seen. The worker side does nothing.
+
+extra config keys: control (ROUTER endpoint, loopback unless CURVE, default
+tcp://127.0.0.1:7600), telemetry (XPUB endpoint, default control's port + 1),
+snapshot_period_s (default 0.05), test_fault (tests only; needs PAGEWARDEN_ALLOW_FAULTS=1:
+swap_block, ref_drop, extra_block, share_partial; each breaks vLLM's state once, on purpose).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from engine.vllm_agent.checks import capacity_finding
+from engine.vllm_agent.snapshot import BlockView, PoolSnapshot, RequestView
+
+DEFAULT_CONTROL = "tcp://127.0.0.1:7600"
+TEST_FAULTS = ("swap_block", "ref_drop", "extra_block", "share_partial")
+HASH_GROUP_SUFFIX = 4  # vLLM's BlockHashWithGroupId: the block hash, then a 4-byte group id
+
+
+@dataclass
+class _NoMeta(KVConnectorMetadata):
+    pass
+
+
+def _next_port(endpoint: str) -> str:
+    head, _, port = endpoint.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"telemetry endpoint not given and control {endpoint!r} has no port to add 1 to")
+    return f"{head}:{int(port) + 1}"
+
+
+class PageWardenConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        self.control = str(extra.get("control") or os.environ.get("PAGEWARDEN_VLLM_AGENT") or DEFAULT_CONTROL)
+        self.telemetry = str(extra.get("telemetry") or _next_port(self.control))
+        self.period = float(extra.get("snapshot_period_s", 0.05))
+        if not 0.0 <= self.period <= 60.0:
+            raise ValueError(f"snapshot_period_s {self.period:g} is out of range: 0 to 60 seconds")
+        self.fault = extra.get("test_fault")
+        if self.fault is not None and (self.fault not in TEST_FAULTS or os.environ.get("PAGEWARDEN_ALLOW_FAULTS") != "1"):
+            raise ValueError(f"test_fault {self.fault!r} refused: one of {', '.join(TEST_FAULTS)}, and only with "
+                             "PAGEWARDEN_ALLOW_FAULTS=1 (a test breaking vLLM's state on purpose)")
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.vllm_config = vllm_config
+        self.server = None
+        self._live: dict[str, Any] = {}  # request id -> vLLM's Request, from on_new_request
+        self._finished: dict[str, str] = {}
+        self._step = 0
+        self._last = 0.0
+        self.fault_applied: str | None = None
+
+    # ---- scheduler side ---------------------------------------------------------------
+    def bind_kv_cache_manager(self, kv_cache_manager) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        from engine.vllm_agent.agent_server import AgentServer
+
+        pool = kv_cache_manager.block_pool
+        self.block_pool = pool
+        managers = kv_cache_manager.coordinator.single_type_managers
+        if len(managers) != 1:
+            raise ValueError(f"PageWarden's vLLM agent watches one KV cache group; this model has {len(managers)}")
+        self.manager = managers[0]
+        self.block_size = int(self.manager.block_size)
+        self.hash_stride = max(1, self.block_size // int(pool.hash_block_size))
+        import vllm
+
+        facts = {"vllm_version": vllm.__version__, "model": str(self.vllm_config.model_config.model),
+                 "max_model_len": self.max_model_len, "block_size": self.block_size,
+                 "prefix_caching": bool(pool.enable_caching), "pid": os.getpid(),
+                 "device": str(self.vllm_config.device_config.device_type)}
+        self.server = AgentServer(self.control, self.telemetry, num_blocks=pool.num_gpu_blocks,
+                                  block_size=self.block_size, facts=facts,
+                                  capacity=capacity_finding(self.max_model_len, pool.num_gpu_blocks, self.block_size))
+
+    def on_new_request(self, request) -> None:
+        self._live[request.request_id] = request
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        return 0, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        return None
+
+    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+        self._step += 1
+        now = time.monotonic()
+        if self.server is not None and now - self._last >= self.period:
+            self._last = now
+            if self.fault and not self.fault_applied:
+                self._apply_fault()
+            self.server.offer(self.snapshot(scheduler_output.num_scheduled_tokens))
+        return _NoMeta()
+
+    def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._live.pop(request.request_id, None)
+        reason = request.get_finished_reason()
+        self._finished[request.request_id] = str(getattr(reason, "name", reason) or request.status.name).lower()
+        return False, None
+
+    def take_events(self):
+        """Called once per step after the step's output is processed and finished requests'
+        blocks are freed: the moment to show what they released (the engine may go idle now)."""
+        if self._finished and self.server is not None:
+            self._last = time.monotonic()
+            self.server.offer(self.snapshot({}))
+        return ()
+
+    def snapshot(self, scheduled: dict[str, int]) -> PoolSnapshot:
+        requests, blocks = {}, {}
+        stride = self.hash_stride
+        for rid, table in self.manager.req_to_blocks.items():
+            req = self._live.get(rid)
+            if req is None or not table:
+                continue
+            ids = tuple(b.block_id for b in table)
+            for b in table:
+                if b.block_id not in blocks:
+                    key = b.block_hash
+                    blocks[b.block_id] = BlockView(b.ref_cnt, None if key is None else bytes(key[:-HASH_GROUP_SUFFIX]))
+            own = tuple(bytes(h) for h in req.block_hashes[stride - 1::stride][:len(ids)])
+            requests[rid] = RequestView(rid, ids, req.num_computed_tokens + scheduled.get(rid, 0),
+                                        req.num_prompt_tokens, req.num_output_tokens, own)
+        finished, self._finished = self._finished, {}
+        return PoolSnapshot(time.time(), self._step, self.block_pool.num_gpu_blocks, self.block_size, requests,
+                            blocks, finished)
+
+    def _apply_fault(self) -> None:
+        """Break vLLM's scheduler state once, on purpose (tests only; see TEST_FAULTS)."""
+        tables = [(rid, t) for rid, t in self.manager.req_to_blocks.items() if rid in self._live and t]
+        full = [(rid, t) for rid, t in tables if len(t) >= 2 and t[0].block_hash is not None]
+        if self.fault == "swap_block" and len(full) >= 2 and full[0][1][0] is not full[1][1][0]:
+            (_, a), (_, b) = full[0], full[1]
+            a[0], b[0] = b[0], a[0]
+        elif self.fault == "ref_drop" and full:
+            full[0][1][0].ref_cnt -= 1
+        elif self.fault == "extra_block" and tables:
+            tables[0][1].extend(self.block_pool.get_new_blocks(1))
+        elif self.fault == "share_partial" and len(tables) >= 2:
+            (_, a), (_, b) = tables[0], tables[1]
+            partial = b[-1]
+            if partial.block_hash is not None:
+                return
+            partial.ref_cnt += 1
+            a.append(partial)
+        else:
+            return
+        self.fault_applied = self.fault
+
+    def shutdown(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    # ---- worker side: nothing to load or save -----------------------------------------
+    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        return None
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
+        return None
+
+    def wait_for_save(self) -> None:
+        return None

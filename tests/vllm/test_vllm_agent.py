@@ -1,0 +1,165 @@
+"""PageWarden's agent inside a real vLLM 0.32 (CPU build): vLLM's block pool by owner request,
+and each isolation check on vLLM's own state, fired by breaking that state on purpose."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from engine.client.engine_client import EngineClient, RemoteError
+from engine.client.subscriber import TelemetrySubscriber
+from engine.wire.page_tags import PageState
+from tests.vllm.vllm_server import VllmServer
+
+pytestmark = pytest.mark.vllm
+
+PREFIXES = ("the quick brown fox jumps over the lazy dog " * 3, "lorem ipsum dolor sit amet consectetur " * 3,
+            "river stone light cloud north south green amber " * 2)
+
+
+class PageWatch:
+    """Folds the agent's `pages/vllm` and `requests` telemetry, keeping what a test asks about."""
+
+    def __init__(self, endpoint: str):
+        self.sub = TelemetrySubscriber(endpoint)
+        self.arrays: dict[str, np.ndarray] | None = None
+        self.seq = None
+        self.gaps = 0
+        self.max_refs = 0
+        self.shared_seen: set[int] = set()
+        self.requests: dict[str, dict] = {}
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            msg = self.sub.recv(0.1)
+            if msg is None:
+                continue
+            if msg.topic == "pages/vllm":
+                if msg.get("kind") == "keyframe":
+                    self.arrays = {k: v.copy() for k, v in msg.arrays.items()}
+                elif self.arrays is not None and msg.get("seq") == self.seq + 1:
+                    for k, v in msg.arrays.items():
+                        if k != "index":
+                            self.arrays[k][msg.arrays["index"]] = v
+                else:
+                    self.gaps += 1
+                    continue
+                self.seq = msg.get("seq")
+                refs = self.arrays["refs"]
+                self.max_refs = max(self.max_refs, int(refs.max()))
+                self.shared_seen.update(np.flatnonzero(refs > 1).tolist())
+            elif msg.topic == "requests":
+                self.requests[msg.get("request_id")] = dict(msg.header)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.thread.join(5)
+        self.sub.close()
+
+
+def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def vllm_with_agent():
+    with VllmServer(agent={}, num_blocks=128, max_model_len=512) as server:
+        yield server
+
+
+def test_agent_answers_as_a_read_only_pagewarden_engine(vllm_with_agent):
+    with EngineClient(vllm_with_agent.agent_control) as client:
+        status = client.status()
+        engine = status["engine"]
+        assert engine["read_only"] is True and engine["name"] == "vLLM 0.32.0 (PageWarden agent)"
+        assert engine["block_size"] == 32 and engine["prefix_caching"] is True
+        assert status["workers"][0]["pool"] == {"name": "vllm", "pages": 128, "page_size": 32,
+                                                "used_pages": status["workers"][0]["pool"]["used_pages"]}
+        # vLLM's own startup check and ours agree on the capacity: 127 usable blocks x 32 tokens
+        [finding] = status["capacity"]
+        assert (finding["limit_tokens"], finding["exceeds"]) == (127 * 32, False)
+        with pytest.raises(RemoteError) as refused:
+            client.call("submit", prompt="hello", max_tokens=4)
+        assert refused.value.code == "read_only" and "'submit' refused" in str(refused.value)
+        with pytest.raises(RemoteError):
+            client.reconfigure({"context_window": 1024}, apply=True)
+
+
+def test_1000_clean_requests_with_prefix_caching_raise_no_alert_and_show_shared_blocks(vllm_with_agent):
+    server = vllm_with_agent
+    with EngineClient(server.agent_control) as client:
+        watch = PageWatch(client.status()["engine"]["telemetry"])
+        try:
+            client.keyframe()
+            wait_for(lambda: watch.arrays is not None, what="a keyframe")
+            rnd = random.Random(7)
+            prompts = [(rnd.choice(PREFIXES) + f" request {i} " + "x" * rnd.randint(0, 90), rnd.randint(1, 24))
+                       for i in range(1000)]
+            with cf.ThreadPoolExecutor(16) as pool:
+                replies = list(pool.map(lambda p: server.complete(*p), prompts))
+            assert len(replies) == 1000 and all(r["choices"][0]["text"] for r in replies)
+            status = wait_for(lambda: (s := client.status()) and s["workers"][0]["pool"]["used_pages"] == 0 and s,
+                              what="every block released")
+            findings = {k: v for k, v in status["counters"].items() if k.startswith("findings:")}
+            assert findings == {} and status["alerts"] == []
+            assert status["counters"]["snapshots"] > 100
+            # prefix caching shared full blocks between live requests, and the map showed it
+            assert watch.max_refs >= 2 and len(watch.shared_seen) >= 1
+            wait_for(lambda: watch.arrays is not None and not (watch.arrays["state"] != PageState.FREE).any(),
+                     what="the map to show every block free")
+            finished = [r for r in watch.requests.values() if r.get("phase") == "finished"]
+            assert len(finished) >= 900  # telemetry may drop a few under load; the gaps say so
+            assert {r["finish_reason"] for r in finished} <= {"length", "stop"}
+        finally:
+            watch.close()
+
+
+FAULTS = {
+    # fault: (alert kind, words in the detail)
+    "swap_block": ("ownership_violation", "another request's data"),
+    "ref_drop": ("ownership_violation", "the pool counts ref_cnt"),
+    "extra_block": ("block_table_mismatch", "which need"),
+    "share_partial": ("ownership_violation", "block"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_each_check_fires_on_vllm_state_broken_on_purpose(fault):
+    kind, words = FAULTS[fault]
+    with VllmServer(agent={"test_fault": fault}, env={"PAGEWARDEN_ALLOW_FAULTS": "1"}) as server:
+        with EngineClient(server.agent_control) as client:
+            assert client.status()["alerts"] == []
+            prompt = "the quick brown fox jumps over the lazy dog " * 4
+            with cf.ThreadPoolExecutor(4) as pool:
+                list(pool.map(lambda i: server.complete(f"request {i} " + prompt, 40), range(8)))
+            status = wait_for(lambda: (s := client.status()) and any(a["kind"] == kind for a in s["alerts"]) and s,
+                              what=f"a {kind} alert")
+        alert = next(a for a in status["alerts"] if a["kind"] == kind)
+        assert words in alert["detail"] and alert["requests"] and alert["pages"]
+        assert alert["severity"] == "critical" and alert["pool"] == "vllm"
+
+
+def test_vllm_refuses_a_window_its_pool_cannot_hold_and_agrees_with_the_agent_on_the_boundary():
+    """vLLM 0.32 checks max_model_len against its KV cache at start; the agent's capacity
+    finding must draw the line at the same place (31 usable blocks x 32 = 992 tokens)."""
+    with pytest.raises(RuntimeError) as refused:
+        VllmServer(agent={}, num_blocks=32, max_model_len=4096).__enter__()
+    assert "estimated maximum model length is 992" in str(refused.value)
+    with VllmServer(agent={}, num_blocks=32, max_model_len=992) as server:
+        with EngineClient(server.agent_control) as client:
+            [finding] = client.status()["capacity"]
+    assert (finding["window_tokens"], finding["limit_tokens"], finding["exceeds"]) == (992, 992, False)
