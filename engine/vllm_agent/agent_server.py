@@ -31,6 +31,7 @@ from engine.wire.roles import VIEWER_OPS
 from engine.wire.sockets import bind_endpoint, drain, harden
 
 KEYFRAME_PERIOD_S = 5.0
+METRICS_PERIOD_S = 1.0
 POLL_MS = 20
 MAX_QUEUED_SNAPSHOTS = 64
 ANSWERED_OPS = ("status", "ping", "keyframe", "page_metadata")
@@ -55,6 +56,10 @@ class AgentServer:
         self._keyframe_asked = True
         self._last_keyframe = 0.0
         self._pending: list[np.ndarray] = []  # pages changed since the last pages message
+        self._tokens: collections.deque[tuple[float, int]] = collections.deque()  # (time, new output tokens)
+        self._output: dict[str, int] = {}  # live request -> output tokens at the last snapshot
+        self._last_metrics = 0.0
+        self._latest: PoolSnapshot | None = None
         self._running = True
         if capacity.get("exceeds"):
             self.alerts.fire("capacity_exceeds_window", "critical", capacity["message"], subject="pool:vllm",
@@ -94,6 +99,7 @@ class AgentServer:
             for snap in snaps:
                 self._fold(snap)
             self._publish_pages()
+            self._publish_metrics()
             self.alerts.expire()
 
     def _fold(self, snap: PoolSnapshot) -> None:
@@ -102,6 +108,10 @@ class AgentServer:
             self.counters[f"findings:{finding.kind}"] += 1
             self.alerts.fire(finding.kind, "critical", finding.detail, subject=finding.subject,
                              requests=finding.requests, pages=finding.pages, pool=POOL, prevented=False)
+        new_tokens = sum(max(0, r.output_tokens - self._output.get(rid, 0)) for rid, r in snap.requests.items())
+        self._output = {rid: r.output_tokens for rid, r in snap.requests.items()}
+        self._tokens.append((time.monotonic(), new_tokens))
+        self._latest = snap
         changed, records = self.book.apply(snap)
         if len(changed):
             self._pending.append(changed)
@@ -120,6 +130,21 @@ class AgentServer:
             index = np.unique(np.concatenate(self._pending)).astype(np.int32)
             self._pending = []
             self._send_pages({**header, "kind": "delta"}, self.book.delta_arrays(index))
+
+    def _publish_metrics(self) -> None:
+        """The `metrics` topic our engine sends, from what the snapshots show: output tokens
+        per second (over the last second), running and waiting requests, pool usage."""
+        now = time.monotonic()
+        if now - self._last_metrics < METRICS_PERIOD_S:
+            return
+        self._last_metrics = now
+        while self._tokens and now - self._tokens[0][0] > 1.0:
+            self._tokens.popleft()
+        snap = self._latest
+        self.telemetry.publish("metrics", {
+            "tokens_per_s": float(sum(n for _, n in self._tokens)),
+            "running": len(snap.requests) if snap else 0, "queue_depth": snap.waiting if snap else 0,
+            "pools": {POOL: {"pages": self.book.num_blocks, "used_pages": self.book.used()}}})
 
     def _send_pages(self, header: dict, arrays: dict) -> None:
         topic = f"pages/{POOL}"

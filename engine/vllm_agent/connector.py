@@ -150,7 +150,7 @@ class PageWardenConnector(KVConnectorBase_V1):
                                         req.num_prompt_tokens, req.num_output_tokens, own)
         finished, self._finished = self._finished, {}
         return PoolSnapshot(time.time(), self._step, self.block_pool.num_gpu_blocks, self.block_size, requests,
-                            blocks, finished)
+                            blocks, finished, waiting=len(self._live) - len(requests))
 
     def _apply_fault(self) -> None:
         """Break vLLM's scheduler state once, on purpose (tests only; see TEST_FAULTS)."""

@@ -35,3 +35,4 @@ class PoolSnapshot:
     requests: dict[str, RequestView]
     blocks: dict[int, BlockView]  # every block some request holds
     finished: dict[str, str] = field(default_factory=dict)  # request id -> finish reason, since the last one
+    waiting: int = 0  # requests vLLM has taken in that hold no block yet (queued or preempted)

@@ -125,7 +125,7 @@ def test_the_agent_answers_viewer_ops_refuses_the_rest_and_publishes_pages_and_a
             with pytest.raises(RemoteError) as refused:
                 client.call(op, **fields)
             assert refused.value.code == "read_only" and f"'{op}' refused" in str(refused.value)
-        sub = TelemetrySubscriber(status["engine"]["telemetry"], ("pages/", "alerts", "requests"))
+        sub = TelemetrySubscriber(status["engine"]["telemetry"], ("pages/", "alerts", "requests", "metrics"))
         try:
             deadline = time.monotonic() + 10
             while not agent.telemetry.wants_pages() and time.monotonic() < deadline:
@@ -135,7 +135,7 @@ def test_the_agent_answers_viewer_ops_refuses_the_rest_and_publishes_pages_and_a
             broken = snap([req("r1", [5, 2], 64, ["a0", "a1"])], {5: (1, "b0"), 2: (1, "a1")}, step=2)
             agent.offer(broken)
             seen = {}
-            while time.monotonic() < deadline and not ({"keyframe", "alerts"} <= set(seen)):
+            while time.monotonic() < deadline and not ({"keyframe", "alerts", "metrics"} <= set(seen)):
                 msg = sub.recv(0.2)
                 if msg is not None:
                     seen[msg.get("kind") if msg.topic == "pages/vllm" else msg.topic] = msg
@@ -145,3 +145,6 @@ def test_the_agent_answers_viewer_ops_refuses_the_rest_and_publishes_pages_and_a
     assert keyframe.get("num_pages") == 16 and "refs" in keyframe.arrays
     assert seen["alerts"].get("kind") == "ownership_violation" and seen["alerts"].get("pages") == [5]
     assert np.asarray(keyframe.arrays["refs"]).dtype == np.int32
+    metrics = seen["metrics"]
+    assert metrics.get("pools") == {"vllm": {"pages": 16, "used_pages": metrics.get("pools")["vllm"]["used_pages"]}}
+    assert {"tokens_per_s", "running", "queue_depth"} <= set(metrics.header)
