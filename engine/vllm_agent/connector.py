@@ -13,7 +13,7 @@ On the scheduler side vLLM binds its KVCacheManager (`bind_kv_cache_manager`) an
 PoolSnapshot out of the manager's block pool and per-request block tables, at most every
 `snapshot_period_s`, and hands it to the AgentServer's thread. Checks and publishing run there.
 `take_events`, called after each step's finished requests are freed, snapshots once more when
-some finished (vLLM may go idle then). State that lives shorter than the period between two
+some finished and none is left running (vLLM goes idle then). State that lives shorter than the period between two
 snapshots is not seen. The worker side does nothing.
 
 extra config keys: control (ROUTER endpoint, loopback unless CURVE, default
@@ -128,8 +128,9 @@ class PageWardenConnector(KVConnectorBase_V1):
     def take_events(self):
         """Called once per step after the step's output is processed and finished requests'
         blocks are freed: the moment to show what they released (the engine may go idle now)."""
-        if self._finished and self.server is not None:
-            self._last = time.monotonic()
+        now = time.monotonic()
+        if self._finished and self.server is not None and (now - self._last >= self.period or not self._live):
+            self._last = now  # running requests: the next step's snapshot shows it; none left: show it now
             self.server.offer(self.snapshot({}))
         return ()
 

@@ -42,7 +42,9 @@ class VllmServer:
     def __init__(self, *, model: Path = DEFAULT_MODEL, num_blocks: int = 128, block_size: int = 32,
                  max_model_len: int = 512, kv_events: bool = False, agent: dict | None = None,
                  prefix_caching: bool = True, extra_args: tuple[str, ...] = (), env: dict | None = None,
-                 log_path: Path | None = None):
+                 log_path: Path | None = None, pin: tuple[int, int] | None = None):
+        """pin=(worker core, other core): vLLM's model worker alone on the first core, its API
+        server and engine core on the second (benches: less noise from where the OS puts them)."""
         self.dir = Path(tempfile.mkdtemp(prefix="pw-vllm-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -68,9 +70,13 @@ class VllmServer:
                 "kv_connector_module_path": "engine.vllm_agent.connector",
                 "kv_connector_extra_config": extra})]
         self.args = [*args, *extra_args]
+        pinned = {}
+        if pin is not None:
+            self.args = ["taskset", "-c", str(pin[1]), *self.args]
+            pinned = {"VLLM_CPU_OMP_THREADS_BIND": str(pin[0])}
         self.env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "INFO",
                     "PYTHONPATH": str(REPO), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-                    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+                    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **pinned, **(env or {})}
         self.log_path = log_path or self.dir / "vllm.log"
         self.proc: subprocess.Popen | None = None
 
