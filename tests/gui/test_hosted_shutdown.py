@@ -18,6 +18,7 @@ import pytest
 from engine.client.local_server import write_config
 from engine.config import REPO_ROOT
 from engine.parent_watch import PARENT_ENV
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
 
@@ -60,16 +61,6 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 @pytest.fixture

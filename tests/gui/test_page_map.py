@@ -27,6 +27,7 @@ from gui.model.page_colors import (
     PageColors,
 )
 from gui.widgets.page_map import PageMapWidget
+from tests.gui.page_map_widget import show_page_map
 
 FREE, RESERVED, IN_FLIGHT, WRITTEN, QUARANTINED = range(5)
 REQUESTS = {1: ("req-a", "acme"), 2: ("req-b", "globex"), 3: ("req-c", "acme"), 4: ("req-d", "initech")}
@@ -77,13 +78,7 @@ def state() -> EngineState:
 
 @pytest.fixture
 def widget(qtbot, state) -> PageMapWidget:
-    w = PageMapWidget(state, theme_name="dark")
-    qtbot.addWidget(w)
-    w.resize(900, 520)
-    w.show()
-    w.refresh()
-    qtbot.waitExposed(w)
-    return w
+    return show_page_map(qtbot, state, (900, 520))
 
 
 def cell_point(w: PageMapWidget, pool: str, page: int) -> QPoint:

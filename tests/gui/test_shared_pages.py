@@ -23,6 +23,7 @@ from gui.model.page_history import PageHistory
 from gui.model.snapshot_state import state_from_snapshot
 from gui.snapshot.bundle import _pages, pages_npz
 from gui.widgets.page_map import PageMapWidget
+from tests.gui.page_map_widget import show_page_map
 
 FREE, RESERVED, IN_FLIGHT, WRITTEN = 0, 1, 2, 3
 POOL = "vllm"
@@ -79,13 +80,7 @@ def state() -> EngineState:
 
 @pytest.fixture
 def widget(qtbot, state) -> PageMapWidget:
-    w = PageMapWidget(state, theme_name="dark")
-    qtbot.addWidget(w)
-    w.resize(900, 560)
-    w.show()
-    w.refresh()
-    qtbot.waitExposed(w)
-    return w
+    return show_page_map(qtbot, state, (900, 560))
 
 
 def cell_colours(w: PageMapWidget, page: int, image: QImage) -> set[tuple[int, int, int]]:

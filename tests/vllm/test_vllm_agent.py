@@ -6,7 +6,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import random
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from engine.client.engine_client import EngineClient, RemoteError
 from engine.client.subscriber import TelemetrySubscriber
 from engine.wire.page_tags import PageState
 from tests.vllm.vllm_server import VllmServer
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.vllm
 
@@ -65,16 +65,6 @@ class PageWatch:
         self.sub.close()
 
 
-def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture(scope="module")
 def vllm_with_agent():
     with VllmServer(agent={}, num_blocks=128, max_model_len=512) as server:
@@ -105,7 +95,7 @@ def test_1000_clean_requests_with_prefix_caching_raise_no_alert_and_show_shared_
         watch = PageWatch(client.status()["engine"]["telemetry"])
         try:
             client.keyframe()
-            wait_for(lambda: watch.arrays is not None, what="a keyframe")
+            wait_for(lambda: watch.arrays is not None, timeout_s=30, what="a keyframe")
             rnd = random.Random(7)
             prompts = [(rnd.choice(PREFIXES) + f" request {i} " + "x" * rnd.randint(0, 90), rnd.randint(1, 24))
                        for i in range(1000)]
@@ -113,14 +103,14 @@ def test_1000_clean_requests_with_prefix_caching_raise_no_alert_and_show_shared_
                 replies = list(pool.map(lambda p: server.complete(*p), prompts))
             assert len(replies) == 1000 and all(r["choices"][0]["text"] for r in replies)
             status = wait_for(lambda: (s := client.status()) and s["workers"][0]["pool"]["used_pages"] == 0 and s,
-                              what="every block released")
+                              timeout_s=30, what="every block released")
             findings = {k: v for k, v in status["counters"].items() if k.startswith("findings:")}
             assert findings == {} and status["alerts"] == []
             assert status["counters"]["snapshots"] > 100
             # prefix caching shared full blocks between live requests, and the map showed it
             assert watch.max_refs >= 2 and len(watch.shared_seen) >= 1
             wait_for(lambda: watch.arrays is not None and not (watch.arrays["state"] != PageState.FREE).any(),
-                     what="the map to show every block free")
+                     timeout_s=30, what="the map to show every block free")
             finished = [r for r in watch.requests.values() if r.get("phase") == "finished"]
             assert len(finished) >= 900  # telemetry may drop a few under load; the gaps say so
             assert {r["finish_reason"] for r in finished} <= {"length", "stop"}
@@ -147,7 +137,7 @@ def test_each_check_fires_on_vllm_state_broken_on_purpose(fault):
             with cf.ThreadPoolExecutor(4) as pool:
                 list(pool.map(lambda i: server.complete(f"request {i} " + prompt, 40), range(8)))
             status = wait_for(lambda: (s := client.status()) and any(a["kind"] == kind for a in s["alerts"]) and s,
-                              what=f"a {kind} alert")
+                              timeout_s=30, what=f"a {kind} alert")
         alert = next(a for a in status["alerts"] if a["kind"] == kind)
         assert words in alert["detail"] and alert["requests"] and alert["pages"]
         assert alert["severity"] == "critical" and alert["pool"] == "vllm"
