@@ -27,7 +27,6 @@ from engine.vllm_agent.checks import check_snapshot
 from engine.vllm_agent.page_book import POOL, PageBook
 from engine.vllm_agent.snapshot import PoolSnapshot
 from engine.wire.protocol import ProtocolError, error_reply, message_id, reply, unpack
-from engine.wire.roles import VIEWER_OPS
 from engine.wire.sockets import bind_endpoint, drain, harden
 
 KEYFRAME_PERIOD_S = 5.0
@@ -124,12 +123,12 @@ class AgentServer:
                   "page_size": self.book.block_size}
         if self._keyframe_asked or now - self._last_keyframe >= KEYFRAME_PERIOD_S:
             self._keyframe_asked, self._last_keyframe, self._pending = False, now, []
-            self._send_pages({**header, "kind": "keyframe"}, self.book.keyframe_arrays())
+            self.telemetry.publish(f"pages/{POOL}", {**header, "kind": "keyframe"}, self.book.keyframe_arrays())
             self.telemetry.publish("capacity", {"findings": [self.capacity]})
         elif self._pending:
             index = np.unique(np.concatenate(self._pending)).astype(np.int32)
             self._pending = []
-            self._send_pages({**header, "kind": "delta"}, self.book.delta_arrays(index))
+            self.telemetry.publish(f"pages/{POOL}", {**header, "kind": "delta"}, self.book.delta_arrays(index))
 
     def _publish_metrics(self) -> None:
         """The `metrics` topic our engine sends, from what the snapshots show: output tokens
@@ -145,10 +144,6 @@ class AgentServer:
             "tokens_per_s": float(sum(n for _, n in self._tokens)),
             "running": len(snap.requests) if snap else 0, "queue_depth": snap.waiting if snap else 0,
             "pools": {POOL: {"pages": self.book.num_blocks, "used_pages": self.book.used()}}})
-
-    def _send_pages(self, header: dict, arrays: dict) -> None:
-        topic = f"pages/{POOL}"
-        self.telemetry.publish(topic, header, arrays)
 
     def _answer(self, frames: list) -> None:
         identity, body = frames[0], frames[1:]
@@ -172,14 +167,14 @@ class AgentServer:
             return
         else:
             why = ("this engine is vLLM, watched read-only by PageWarden's agent: it answers "
-                   f"{', '.join(ANSWERED_OPS)}" if op in VIEWER_OPS or op is not None else "no op given")
+                   f"{', '.join(ANSWERED_OPS)}" if op is not None else "no op given")
             self.control.send_multipart([identity, *error_reply(msg_id, "read_only", f"{op!r} refused: {why}")])
             return
         self.control.send_multipart([identity, *reply(msg_id, result)])
 
     def status(self, brief: bool = False) -> dict:
         worker = {"name": "vllm", "role": "vllm", "state": "ready", "pid": self.facts.get("pid"),
-                  "device": self.facts.get("device"), "inflight": len(self.book._records),
+                  "device": self.facts.get("device"), "inflight": self.book.live(),
                   "pool": {"name": POOL, "pages": self.book.num_blocks, "page_size": self.book.block_size,
                            "used_pages": self.book.used()}}
         result = {

@@ -22,7 +22,7 @@ import numpy as np
 
 from engine.vllm_agent.snapshot import PoolSnapshot
 from engine.wire.page_tags import FREE_OWNER, NO_WRITER, PageState, pack_tag
-from engine.wire.protocol import PAGE_FIELDS
+from engine.wire.protocol import PAGE_FIELDS, page_arrays
 
 POOL = "vllm"
 MAX_DONE_KEPT = 1_000  # finished requests remembered for their slot (the GUI's "last held by")
@@ -121,11 +121,15 @@ class PageBook:
         return out
 
     def keyframe_arrays(self) -> dict[str, np.ndarray]:
-        return {**{k: v.copy() for k, v in self.arrays.items()}, "refs": self.refs.copy()}
+        """Every page, copied: the frames go out zero-copy while the next snapshot folds in."""
+        return page_arrays({**{k: v.copy() for k, v in self.arrays.items()}, "refs": self.refs.copy()})
 
     def delta_arrays(self, index: np.ndarray) -> dict[str, np.ndarray]:
-        return {"index": index.astype(np.int32), **{k: v[index] for k, v in self.arrays.items()},
-                "refs": self.refs[index]}
+        return page_arrays({**self.arrays, "refs": self.refs}, index)
+
+    def live(self) -> int:
+        """Requests holding blocks at the last snapshot."""
+        return len(self._records)
 
     def used(self) -> int:
         return len(self._held)
