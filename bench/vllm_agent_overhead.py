@@ -1,13 +1,21 @@
-"""The vLLM agent's cost on vLLM's throughput: the same workload against real vLLM servers in
-one run, with PageWarden's agent (engine/vllm_agent) and without, interleaved, so both
-see the same machine. Only one server runs at a time: an idle vLLM's engine and worker
-processes keep spinning (sched_yield), so with both up on a 2-core machine each measured the
-other's idle loop as much as its own work.
+"""The vLLM agent's cost on vLLM's throughput (issue 16: at most 3% lost), the same workload
+against real vLLM, agent on and off, side by side in one run.
 
-    .venv/bin/python bench/vllm_agent_overhead.py [--requests 256] [--concurrency 16] [--reps 4] [--runs 3]
+    .venv/bin/python bench/vllm_agent_overhead.py [--mode toggle|starts] [--requests 256]
+        [--concurrency 16] [--new-tokens 64] [--blocks 10] [--reps 4] [--runs 3] [--pin]
 
-Needs `make vllm-venv`. Prints tok/s per repetition, the medians and the ratio; the goal
-(issue 16) is at most 3% lost. Run it on a quiet machine: load from elsewhere shows as noise.
+toggle (default): ONE vLLM server with the agent loaded; the workload runs in alternating
+  blocks with the agent watching and paused (the `pause` op: no snapshots, no checks, no
+  publishing). Both sides share the same process, CPU placement and warm caches, so what
+  differs is the agent's work. On this 2-core VM, two starts of the same configuration
+  differed by up to 6x in throughput (674 vs 4,188 tok/s), far more than any agent effect.
+  What toggle does not measure is the agent being loaded at all (its hooks, called each step,
+  return at once): `starts --paused` compares that against no connector, across restarts.
+starts: one server at a time, alternating starts, agent on vs no connector (with --paused:
+  the agent loaded but paused vs no connector). Prints the spread between starts too.
+
+Needs `make vllm-venv`. Run it on a quiet machine: an idle vLLM spins (sched_yield), so
+never with a second vLLM up; a busy neighbour shows as noise.
 """
 
 from __future__ import annotations
@@ -22,7 +30,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine.client.engine_client import EngineClient  # noqa: E402
 from tests.vllm.vllm_server import VllmServer  # noqa: E402
+
+FAULTS_ENV = {"PAGEWARDEN_ALLOW_FAULTS": "1"}  # the agent's `pause` op is a bench/test op
 
 
 def run(server: VllmServer, prompts: list[str], new_tokens: int, concurrency: int) -> float:
@@ -34,42 +45,89 @@ def run(server: VllmServer, prompts: list[str], new_tokens: int, concurrency: in
     return tokens / elapsed
 
 
+def workload(n: int) -> list[str]:
+    """Shared prefixes (prefix caching is on), so the agent sees shared blocks too."""
+    heads = ["the quick brown fox jumps over the lazy dog ", "lorem ipsum dolor sit amet ",
+             "river stone light cloud north "]
+    return [heads[i % 3] * 3 + f"request {i} " + "x" * (i % 50) for i in range(n)]
+
+
+def snapshots(client: EngineClient) -> int:
+    return int(client.status(brief=True)["counters"].get("snapshots", 0))
+
+
+def toggle(args, prompts: list[str], pin) -> dict[str, list[float]]:
+    results: dict[str, list[float]] = {"agent on": [], "agent paused": []}
+    with VllmServer(agent={}, pin=pin, env=FAULTS_ENV) as server, EngineClient(server.agent_control) as client:
+        run(server, prompts[:64], args.new_tokens, args.concurrency)  # warm-up, agent on
+        for block in range(args.blocks):
+            order = (False, True) if block % 2 == 0 else (True, False)
+            line = []
+            for paused in order:
+                client.call("pause", paused=paused)
+                before = snapshots(client)
+                rate = run(server, prompts, args.new_tokens, args.concurrency)
+                taken = snapshots(client) - before
+                if paused == (taken > 0):  # the bench must measure what it says it does
+                    raise RuntimeError(f"agent {'paused' if paused else 'on'} but {taken} snapshots were taken")
+                name = "agent paused" if paused else "agent on"
+                results[name].append(rate)
+                line.append(f"{name} {rate:,.0f} tok/s ({taken} snapshots)")
+            print(f"block {block + 1}: " + "  ".join(line), flush=True)
+    return results
+
+
+def starts(args, prompts: list[str], pin) -> dict[str, list[float]]:
+    off = "agent loaded, paused" if args.paused else "agent on"
+    results: dict[str, list[float]] = {off: [], "no connector": []}
+    for rep in range(args.reps):
+        order = (True, False) if rep % 2 == 0 else (False, True)
+        for with_agent in order:
+            agent, env = ({}, FAULTS_ENV) if with_agent else (None, None)
+            with VllmServer(agent=agent, pin=pin, env=env) as server:
+                if with_agent and args.paused:
+                    with EngineClient(server.agent_control) as client:
+                        client.call("pause", paused=True)
+                run(server, prompts[:64], args.new_tokens, args.concurrency)  # warm-up
+                runs = [run(server, prompts, args.new_tokens, args.concurrency) for _ in range(args.runs)]
+            results[off if with_agent else "no connector"].append(statistics.median(runs))
+        print(f"start pair {rep + 1}: " + "  ".join(f"{n} {v[-1]:,.0f} tok/s" for n, v in results.items()),
+              flush=True)
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", choices=("toggle", "starts"), default="toggle")
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=4, help="server starts per contender, alternating")
-    ap.add_argument("--pin", action="store_true", help="vLLM's worker alone on one core, the rest on the other "
-                    "(measured noisier than leaving it to the OS on a 2-core VM)")
-    ap.add_argument("--runs", type=int, default=3, help="workload runs per server start (their median counts)")
+    ap.add_argument("--blocks", type=int, default=10, help="toggle: workload runs per side, alternating")
+    ap.add_argument("--reps", type=int, default=4, help="starts: server starts per side, alternating")
+    ap.add_argument("--runs", type=int, default=3, help="starts: workload runs per start (their median counts)")
+    ap.add_argument("--paused", action="store_true", help="starts: the agent loaded but paused, vs no connector")
+    ap.add_argument("--pin", action="store_true", help="vLLM's worker alone on one core, the rest and this "
+                    "client on the other")
     args = ap.parse_args()
-    # shared prefixes (prefix caching on in both), so the agent sees shared blocks too
-    heads = ["the quick brown fox jumps over the lazy dog ", "lorem ipsum dolor sit amet ",
-             "river stone light cloud north "]
-    prompts = [heads[i % 3] * 3 + f"request {i} " + "x" * (i % 50) for i in range(args.requests)]
-    results = {"agent on": [], "agent off": []}
-    agent = {"on": {}, "off": None}
+    prompts = workload(args.requests)
     pin = None
     if args.pin and len(os.sched_getaffinity(0)) >= 2:
         cores = sorted(os.sched_getaffinity(0))
-        pin = (cores[0], cores[1])  # vLLM's model worker alone on one core; the rest, and this client, on another
+        pin = (cores[0], cores[1])
         os.sched_setaffinity(0, {cores[1]})
-    for rep in range(args.reps):
-        order = ("on", "off") if rep % 2 == 0 else ("off", "on")
-        for which in order:
-            with VllmServer(agent=agent[which], pin=pin) as server:
-                run(server, prompts[:32], args.new_tokens, args.concurrency)  # warm-up
-                runs = [run(server, prompts, args.new_tokens, args.concurrency) for _ in range(args.runs)]
-            results[f"agent {which}"].append(statistics.median(runs))
-        print(f"rep {rep + 1}: " + "  ".join(f"{n} {v[-1]:,.0f} tok/s" for n, v in results.items()), flush=True)
-    med = {n: statistics.median(v) for n, v in results.items()}
-    best = {n: max(v) for n, v in results.items()}
-    print(f"\n{args.requests} requests x {args.new_tokens} new tokens, {args.concurrency} concurrent, {args.reps} reps")
-    for name in results:
-        print(f"{name:10} median {med[name]:,.0f} tok/s  best {best[name]:,.0f} tok/s")
-    ratio = med["agent on"] / med["agent off"]
-    print(f"agent on / off (median): {ratio:.3f}  ({(1 - ratio) * 100:+.1f}% lost; goal <= 3%)")
+    results = (toggle if args.mode == "toggle" else starts)(args, prompts, pin)
+    (on, on_v), (off, off_v) = results.items()
+    print(f"\n{args.mode}: {args.requests} requests x {args.new_tokens} new tokens, {args.concurrency} concurrent, "
+          f"{len(on_v)} per side")
+    for name, values in results.items():
+        print(f"{name:22} median {statistics.median(values):,.0f} tok/s  best {max(values):,.0f}  "
+              f"worst {min(values):,.0f}")
+    ratio = statistics.median(on_v) / statistics.median(off_v)
+    print(f"{on} / {off} (medians): {ratio:.3f}  ({(1 - ratio) * 100:+.1f}% lost; goal <= 3%)")
+    if args.mode == "toggle":
+        pairs = [a / b for a, b in zip(on_v, off_v)]
+        print(f"per block pair on/paused: median {statistics.median(pairs):.3f}, "
+              f"range {min(pairs):.3f} to {max(pairs):.3f}")
 
 
 if __name__ == "__main__":

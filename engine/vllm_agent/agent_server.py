@@ -5,6 +5,11 @@ engine: a control ROUTER answering the viewer ops it can (status, ping, keyframe
 page_metadata; everything else gets a `read_only` error naming the op) and a telemetry XPUB
 with `pages/vllm` keyframes and deltas (plus `refs`), `requests`, `alerts` and `capacity`.
 
+Benches and tests (with PAGEWARDEN_ALLOW_FAULTS=1 only) may also send `pause` with
+`paused: true|false`: while paused the connector takes no snapshots, so one vLLM server
+can be measured with the agent's work on and off, side by side, without a restart between.
+The agent is blind while paused, and says so in `status` (`engine.agent_paused`).
+
 The scheduler hands it snapshots through `offer()` (a bounded queue: when the thread falls
 behind, the oldest snapshot is dropped and counted, never the scheduler slowed down); the
 checks and all publishing run here, off the scheduler's thread.
@@ -13,6 +18,7 @@ checks and all publishing run here, off the scheduler's thread.
 from __future__ import annotations
 
 import collections
+import os
 import socket
 import threading
 import time
@@ -60,6 +66,7 @@ class AgentServer:
         self._last_metrics = 0.0
         self._latest: PoolSnapshot | None = None
         self._running = True
+        self.paused = False  # read by the scheduler's thread each step; written only by `pause`
         if capacity.get("exceeds"):
             self.alerts.fire("capacity_exceeds_window", "critical", capacity["message"], subject="pool:vllm",
                              condition=True, pool=POOL)
@@ -160,6 +167,15 @@ class AgentServer:
         elif op == "keyframe":
             self._keyframe_asked = True
             result = {"pools": [POOL]}
+        elif op == "pause" and os.environ.get("PAGEWARDEN_ALLOW_FAULTS") == "1":
+            paused = msg.get("paused")
+            if not isinstance(paused, bool):
+                why = f"pause needs paused: true or false, got {paused!r}"
+                self.control.send_multipart([identity, *error_reply(msg_id, "bad_message", why)])
+                return
+            self.paused = paused
+            self._keyframe_asked = self._keyframe_asked or not paused  # back from blind: a full picture first
+            result = {"paused": paused}
         elif op == "page_metadata":
             self.control.send_multipart([identity, *reply(msg_id, {"pool": POOL, "num_pages": self.book.num_blocks,
                                                                     "page_size": self.book.block_size},
@@ -179,7 +195,8 @@ class AgentServer:
                            "used_pages": self.book.used()}}
         result = {
             "engine": {"version": __version__, "name": f"vLLM {self.facts.get('vllm_version', '?')} (PageWarden agent)",
-                       "read_only": True, "control": self.control_endpoint, "telemetry": self.telemetry_endpoint,
+                       "read_only": True, "agent_paused": self.paused,
+                       "control": self.control_endpoint, "telemetry": self.telemetry_endpoint,
                        "started": self.started, "uptime_s": time.time() - self.started,
                        "hostname": socket.gethostname(), "time": time.time(), "monotonic": time.monotonic(),
                        **{k: v for k, v in self.facts.items() if k != "vllm_version"}},

@@ -2,11 +2,17 @@
 
 Loaded by vLLM (no change to vLLM's source) with
 
-    --kv-transfer-config '{"kv_connector": "PageWardenConnector", "kv_role": "kv_both",
+    --kv-transfer-config '{"kv_connector": "PageWardenConnector", "kv_role": "kv_producer",
       "kv_connector_module_path": "engine.vllm_agent.connector",
       "kv_connector_extra_config": {"control": "tcp://127.0.0.1:7600"}}'
 
 (this repository on PYTHONPATH; docs/vllm-agent.md). Written against vLLM 0.32.0.
+
+kv_role: kv_producer. The agent loads no KV, and a consumer role (kv_consumer, kv_both)
+changes vLLM itself: under async scheduling its scheduler then defers returning a finished
+request's blocks to the pool by a step (`defer_block_free`), in case a connector is still
+loading into them. A consumer role is accepted (MultiConnector with a real consumer needs
+it) with a warning.
 
 On the scheduler side vLLM binds its KVCacheManager (`bind_kv_cache_manager`) and calls
 `build_connector_meta` once per step, between steps: there the connector copies a
@@ -24,6 +30,7 @@ swap_block, ref_drop, extra_block, share_partial; each breaks vLLM's state once,
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -38,6 +45,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from engine.vllm_agent.checks import capacity_finding
 from engine.vllm_agent.snapshot import BlockView, PoolSnapshot, RequestView
 
+logger = logging.getLogger(__name__)
 DEFAULT_CONTROL = "tcp://127.0.0.1:7600"
 TEST_FAULTS = ("swap_block", "ref_drop", "extra_block", "share_partial")
 HASH_GROUP_SUFFIX = 4  # vLLM's BlockHashWithGroupId: the block hash, then a 4-byte group id
@@ -65,9 +73,13 @@ class PageWardenConnector(KVConnectorBase_V1):
         if not 0.0 <= self.period <= 60.0:
             raise ValueError(f"snapshot_period_s {self.period:g} is out of range: 0 to 60 seconds")
         self.fault = extra.get("test_fault")
-        if self.fault is not None and (self.fault not in TEST_FAULTS or os.environ.get("PAGEWARDEN_ALLOW_FAULTS") != "1"):
+        faults_allowed = os.environ.get("PAGEWARDEN_ALLOW_FAULTS") == "1"
+        if self.fault is not None and (self.fault not in TEST_FAULTS or not faults_allowed):
             raise ValueError(f"test_fault {self.fault!r} refused: one of {', '.join(TEST_FAULTS)}, and only with "
                              "PAGEWARDEN_ALLOW_FAULTS=1 (a test breaking vLLM's state on purpose)")
+        if self._kv_transfer_config.is_kv_consumer:
+            logger.warning("PageWarden agent: kv_role %r makes vLLM defer block frees by a step; the agent loads "
+                           "no KV, so kv_producer is enough (docs/vllm-agent.md)", self._kv_transfer_config.kv_role)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.vllm_config = vllm_config
         self.server = None
@@ -112,7 +124,7 @@ class PageWardenConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         self._step += 1
         now = time.monotonic()
-        if self.server is not None and now - self._last >= self.period:
+        if self.server is not None and not self.server.paused and now - self._last >= self.period:
             self._last = now
             if self.fault and not self.fault_applied:
                 self._apply_fault()
@@ -129,7 +141,8 @@ class PageWardenConnector(KVConnectorBase_V1):
         """Called once per step after the step's output is processed and finished requests'
         blocks are freed: the moment to show what they released (the engine may go idle now)."""
         now = time.monotonic()
-        if self._finished and self.server is not None and (now - self._last >= self.period or not self._live):
+        watching = self.server is not None and not self.server.paused
+        if self._finished and watching and (now - self._last >= self.period or not self._live):
             self._last = now  # running requests: the next step's snapshot shows it; none left: show it now
             self.server.offer(self.snapshot({}))
         return ()

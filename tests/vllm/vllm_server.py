@@ -66,7 +66,7 @@ class VllmServer:
             extra = {"control": self.agent_control, "telemetry": f"tcp://127.0.0.1:{free_port()}",
                      **{k: v for k, v in agent.items() if k != "control"}}
             args += ["--kv-transfer-config", json.dumps({
-                "kv_connector": "PageWardenConnector", "kv_role": "kv_both",
+                "kv_connector": "PageWardenConnector", "kv_role": "kv_producer",
                 "kv_connector_module_path": "engine.vllm_agent.connector",
                 "kv_connector_extra_config": extra})]
         self.args = [*args, *extra_args]

@@ -148,3 +148,19 @@ def test_the_agent_answers_viewer_ops_refuses_the_rest_and_publishes_pages_and_a
     metrics = seen["metrics"]
     assert metrics.get("pools") == {"vllm": {"pages": 16, "used_pages": metrics.get("pools")["vllm"]["used_pages"]}}
     assert {"tokens_per_s", "running", "queue_depth"} <= set(metrics.header)
+
+
+def test_pause_is_refused_as_read_only_unless_faults_are_allowed_and_then_blinds_the_agent(agent, monkeypatch):
+    with EngineClient(agent.control_endpoint) as client:
+        monkeypatch.delenv("PAGEWARDEN_ALLOW_FAULTS", raising=False)
+        with pytest.raises(RemoteError) as refused:
+            client.call("pause", paused=True)
+        assert refused.value.code == "read_only" and not agent.paused
+        monkeypatch.setenv("PAGEWARDEN_ALLOW_FAULTS", "1")
+        with pytest.raises(RemoteError) as bad:
+            client.call("pause", paused="yes")
+        assert bad.value.code == "bad_message" and "'yes'" in str(bad.value) and not agent.paused
+        assert client.call("pause", paused=True) == {"paused": True}
+        assert agent.paused and client.status()["engine"]["agent_paused"] is True
+        assert client.call("pause", paused=False) == {"paused": False}
+        assert not agent.paused and client.status()["engine"]["agent_paused"] is False
