@@ -53,7 +53,7 @@ def workload(n: int) -> list[str]:
 
 
 def snapshots(client: EngineClient) -> int:
-    return int(client.status(brief=True)["counters"].get("snapshots", 0))
+    return int(client.call("status", brief=True)["counters"].get("snapshots", 0))
 
 
 def toggle(args, prompts: list[str], pin) -> dict[str, list[float]]:
@@ -65,6 +65,7 @@ def toggle(args, prompts: list[str], pin) -> dict[str, list[float]]:
             line = []
             for paused in order:
                 client.call("pause", paused=paused)
+                time.sleep(0.2)  # snapshots queued before the pause are checked and counted first
                 before = snapshots(client)
                 rate = run(server, prompts, args.new_tokens, args.concurrency)
                 taken = snapshots(client) - before

@@ -185,12 +185,8 @@ class ControlOps:
         return check_prompt_ids(request_id, ids, self.sup.model_config.vocab_size)
 
     def token_event(self, rec: RequestRecord, tokens: list[int]) -> list:
-        text = self.sup.detokenize(rec.output_ids)
-        delta = None
-        if text is not None and not text.endswith("\ufffd"):  # hold back half a UTF-8 character
-            delta, rec.text_sent = text[len(rec.text_sent):], text
         return pack({"op": "token", "id": rec.msg_id, "request_id": rec.request_id,
-                     "token_ids": [int(t) for t in tokens], "text": delta})
+                     "token_ids": [int(t) for t in tokens], "text": self.sup.text_delta(rec)})
 
     def op_cancel(self, identity: bytes, msg: Message) -> None:
         sup = self.sup

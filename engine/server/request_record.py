@@ -7,6 +7,8 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 
+from engine.model.text_stream import TextStream
+
 
 class Phase(str, enum.Enum):
     QUEUED = "queued"  # admitted, waiting for a decode worker with room
@@ -37,7 +39,7 @@ class RequestRecord:
     prefill_worker: str | None = None
     reservation: dict | None = None
     output_ids: list[int] = field(default_factory=list)
-    text_sent: str = ""
+    text: TextStream | None = None  # its output text, piece by piece (the supervisor's tokenizer)
     arrival: float = field(default_factory=time.monotonic)
     arrival_wall: float = field(default_factory=time.time)
     first_token_at: float | None = None

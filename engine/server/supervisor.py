@@ -24,6 +24,7 @@ from engine.errors import ConfigError, NoWorker, PageWardenError, WorkerCrashed,
 from engine.guard.canaries import CanaryBook
 from engine.guard.read_log import ReadLog
 from engine.model.config import read_model_config
+from engine.model.text_stream import TextStream
 from engine.pool_memory import check_pool_memory
 from engine.server import reconfigure
 from engine.server.alert_forward import AlertForwarder, instance_label
@@ -578,6 +579,19 @@ class Supervisor:
     def detokenize(self, ids: list[int]) -> str | None:
         try:
             return self.tokenizer.decode(ids)
+        except PageWardenError:
+            return None
+
+    def text_delta(self, rec: RequestRecord) -> str | None:
+        """The text rec's newest tokens add (None without a tokenizer): a short window
+        decoded, not all of its output again (engine/model/text_stream.py)."""
+        if rec.text is None:
+            try:
+                rec.text = TextStream(self.tokenizer.decode)
+            except PageWardenError:
+                return None
+        try:
+            return rec.text.delta(rec.output_ids)
         except PageWardenError:
             return None
 
