@@ -27,9 +27,9 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 
 from engine.config import DEFAULT_MODEL_DIR, EngineConfig  # noqa: E402
+from engine.core import Engine  # noqa: E402
 from engine.model.load import load_model  # noqa: E402
 from engine.request import SamplingParams  # noqa: E402
-from engine.core import Engine  # noqa: E402
 
 
 def prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:

@@ -20,10 +20,10 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from gui.main_window import MainWindow  # noqa: E402
-from gui.transport import TransportThread  # noqa: E402
 from engine.client.local_server import LocalServer as ServerProcess  # noqa: E402
 from engine.client.local_server import write_config  # noqa: E402
+from gui.main_window import MainWindow  # noqa: E402
+from gui.transport import TransportThread  # noqa: E402
 
 
 def wait(app, predicate, timeout_s: float) -> float | None:

@@ -41,8 +41,8 @@ BENCH_MODEL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 
 
 def ttft_single(reps: int) -> list[float]:
     from engine.config import EngineConfig
-    from engine.request import SamplingParams
     from engine.core import Engine
+    from engine.request import SamplingParams
 
     engine = Engine(EngineConfig().replace(model={"device": "cpu"}, engine={"kernels": "torch"}))
     times = []

@@ -31,8 +31,7 @@ import zmq  # noqa: E402
 from engine.kv.page_pool import PageLayout, PagePool  # noqa: E402
 from engine.wire.page_tags import PageState  # noqa: E402
 from engine.wire.protocol import MAX_KV_FRAME  # noqa: E402
-from engine.workers.transfer.manifest import (  # noqa: E402
-    DEFAULT_CHUNK_BYTES, Reservation, page_checksum, pages_per_chunk)
+from engine.workers.transfer.manifest import DEFAULT_CHUNK_BYTES, Reservation, page_checksum, pages_per_chunk  # noqa: E402
 from engine.workers.transfer.receive import TransferReceiver  # noqa: E402
 from engine.workers.transfer.send import build_transfer, host_page_rows, iter_transfer  # noqa: E402
 
