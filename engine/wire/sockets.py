@@ -49,6 +49,20 @@ def drain(sock: zmq.Socket, limit: int = DRAIN_LIMIT, *, copy: bool = False):
             return
 
 
+def send_zero_copy(sock: zmq.Socket, frames: list) -> zmq.MessageTracker:
+    """Send one multipart message without copying its frames; the returned tracker is done
+    only when ZeroMQ has let go of EVERY frame, so their memory may be reused after that.
+
+    pyzmq's send_multipart(copy=False, track=True) returns the tracker of the last frame
+    alone. When that frame is small it is copied (under zmq.COPY_THRESHOLD, 64 KiB) and its
+    tracker is done at once, while ZeroMQ's I/O thread is still reading the large frames
+    before it: a sender that frees (scrubs, reuses) that memory then ships torn bytes. The
+    prefill worker did exactly that with pages over 64 KiB (issue 17's 135M checkpoint)."""
+    trackers = [sock.send(frame, zmq.SNDMORE, copy=False, track=True) for frame in frames[:-1]]
+    trackers.append(sock.send(frames[-1], 0, copy=False, track=True))
+    return zmq.MessageTracker(*trackers)
+
+
 def require_fresh(sock: zmq.Socket, what: str) -> None:
     """Raise ValueError (starting with `what`) when `sock` is already bound or connected."""
     last = sock.getsockopt(zmq.LAST_ENDPOINT)

@@ -23,7 +23,7 @@ from engine.kv.page_table import PageTable
 from engine.request import Request, SamplingParams
 from engine.sampling import sample_next
 from engine.wire.protocol import Message, ProtocolError, field_of, unpack_header
-from engine.wire.sockets import harden
+from engine.wire.sockets import harden, send_zero_copy
 from engine.workers.loop import WorkerLoop
 from engine.workers.transfer.send import iter_transfer
 
@@ -169,26 +169,25 @@ class PrefillWorker(WorkerLoop):
                        "error": {"code": "ownership_violation", "message": problem}})
             return
         push = self._push(job.endpoint)
-        tracker, chunks = None, 0
+        trackers: list[zmq.MessageTracker] = []
         try:
             # each chunk is checksummed just before it goes, so sending starts at once
             messages = iter_transfer(pool, pages, job.reservation, first_token=first_token, sender=self.name,
                                      tokens=request.prompt_len)
             if self.faults.short_transfer:
                 messages = _drop_last_page(list(messages))
-            for frames in messages:
-                tracker = push.send_multipart(frames, copy=False, track=True)
-                chunks += 1
+            for frames in messages:  # the pages stay unfreed until ZeroMQ lets go of every chunk's frames
+                trackers.append(send_zero_copy(push, frames))
         except (ProtocolError, ValueError) as exc:  # a reservation that cannot be honoured
-            self.shipping.append(Shipment(tracker, request.slot, pages))
+            self.shipping.append(Shipment(zmq.MessageTracker(*trackers), request.slot, pages))
             self.send({"op": "prefill_failed", "request_id": request.request_id,
                        "error": {"code": "transfer_mismatch", "message": f"{self.name}: {exc}"}})
             return
-        self.shipping.append(Shipment(tracker, request.slot, pages))
+        self.shipping.append(Shipment(zmq.MessageTracker(*trackers), request.slot, pages))
         self.sent_ids.append(request.request_id)
         self.send({
             "op": "prefilled", "request_id": request.request_id, "first_token": first_token,
-            "tokens": request.prompt_len, "pages": len(pages), "chunks": chunks,
+            "tokens": request.prompt_len, "pages": len(pages), "chunks": len(trackers),
             "elapsed_s": time.monotonic() - job.started,
         })
 
@@ -222,7 +221,7 @@ class PrefillWorker(WorkerLoop):
     def _release_shipped(self) -> None:
         still = []
         for shipment in self.shipping:
-            if shipment.tracker is None or shipment.tracker.done:
+            if shipment.tracker.done:
                 self.engine.pool.free(shipment.slot, shipment.pages)
             else:
                 still.append(shipment)

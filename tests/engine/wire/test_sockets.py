@@ -17,6 +17,7 @@ from engine.wire.sockets import (
     harden,
     is_curve_secured,
     is_loopback,
+    send_zero_copy,
 )
 
 REPLY_MS = 1000  # a peer that has not answered within this is taken as refused
@@ -199,3 +200,34 @@ def test_check_bind_policy(endpoint, curve, allowed):
         with pytest.raises(ValueError) as err:
             check_bind_policy(endpoint, curve)
         assert endpoint in str(err.value)
+
+
+def test_send_zero_copy_tracks_every_frame_not_only_the_last():
+    """pyzmq's send_multipart(copy=False, track=True) returns the last frame's tracker: a
+    small last frame is copied and done at once while the large frames before it are still
+    ZeroMQ's. send_zero_copy is done only when every frame is let go of. Nobody listens at
+    first, so ZeroMQ keeps the queued messages (deterministic, no timing)."""
+    import numpy as np
+
+    ctx = zmq.Context()
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    try:
+        port = pull.bind_to_random_port("tcp://127.0.0.1")
+        pull.unbind(pull.getsockopt(zmq.LAST_ENDPOINT))
+        push.connect(f"tcp://127.0.0.1:{port}")
+        page = np.arange(1 << 20, dtype=np.uint32).view(np.uint8)  # 4 MiB: above zmq.COPY_THRESHOLD
+        tags = b"t" * 64  # below it: copied at once
+        last_only = push.send_multipart([page, tags], copy=False, track=True)
+        every = send_zero_copy(push, [page, tags])
+        assert last_only.done  # pyzmq's answer, while ZeroMQ still holds `page` (twice)
+        assert not every.done
+        pull.bind(f"tcp://127.0.0.1:{port}")
+        for _ in range(2):
+            got = pull.recv_multipart()
+            assert got[0] == page.tobytes() and got[1] == tags
+        every.wait(10)
+        assert every.done
+    finally:
+        push.close(linger=0)
+        pull.close(linger=0)
+        ctx.term()
