@@ -36,13 +36,18 @@ from tests.vllm.vllm_server import VllmServer  # noqa: E402
 FAULTS_ENV = {"PAGEWARDEN_ALLOW_FAULTS": "1"}  # the agent's `pause` op is a bench/test op
 
 
-def run(server: VllmServer, prompts: list[str], new_tokens: int, concurrency: int) -> float:
+def timed_run(server: VllmServer, prompts: list[str], new_tokens: int, concurrency: int) -> tuple[float, float]:
+    """(tokens/s, seconds) of one workload run."""
     start = time.perf_counter()
     with cf.ThreadPoolExecutor(concurrency) as pool:
         replies = list(pool.map(lambda p: server.complete(p, new_tokens, ignore_eos=True), prompts))
     elapsed = time.perf_counter() - start
     tokens = sum(r["usage"]["completion_tokens"] for r in replies)
-    return tokens / elapsed
+    return tokens / elapsed, elapsed
+
+
+def run(server: VllmServer, prompts: list[str], new_tokens: int, concurrency: int) -> float:
+    return timed_run(server, prompts, new_tokens, concurrency)[0]
 
 
 def workload(n: int) -> list[str]:
@@ -52,12 +57,17 @@ def workload(n: int) -> list[str]:
     return [heads[i % 3] * 3 + f"request {i} " + "x" * (i % 50) for i in range(n)]
 
 
-def snapshots(client: EngineClient) -> int:
-    return int(client.call("status", brief=True)["counters"].get("snapshots", 0))
+def agent_counts(client: EngineClient) -> tuple[int, float, float]:
+    """(snapshots taken, seconds on vLLM's scheduler thread, CPU seconds of the agent's thread)."""
+    status = client.call("status", brief=True)
+    cost = status.get("cost", {})
+    return (int(status["counters"].get("snapshots", 0)), float(cost.get("scheduler_s", 0.0)),
+            float(cost.get("thread_cpu_s", 0.0)))
 
 
 def toggle(args, prompts: list[str], pin) -> dict[str, list[float]]:
     results: dict[str, list[float]] = {"agent on": [], "agent paused": []}
+    shares: dict[str, list[float]] = {"scheduler": [], "thread": []}
     with VllmServer(agent={}, pin=pin, env=FAULTS_ENV) as server, EngineClient(server.agent_control) as client:
         run(server, prompts[:64], args.new_tokens, args.concurrency)  # warm-up, agent on
         for block in range(args.blocks):
@@ -66,15 +76,24 @@ def toggle(args, prompts: list[str], pin) -> dict[str, list[float]]:
             for paused in order:
                 client.call("pause", paused=paused)
                 time.sleep(0.2)  # snapshots queued before the pause are checked and counted first
-                before = snapshots(client)
-                rate = run(server, prompts, args.new_tokens, args.concurrency)
-                taken = snapshots(client) - before
+                before = agent_counts(client)
+                rate, elapsed = timed_run(server, prompts, args.new_tokens, args.concurrency)
+                taken, sched_s, cpu_s = (b - a for a, b in zip(before, agent_counts(client)))
                 if paused == (taken > 0):  # the bench must measure what it says it does
                     raise RuntimeError(f"agent {'paused' if paused else 'on'} but {taken} snapshots were taken")
                 name = "agent paused" if paused else "agent on"
                 results[name].append(rate)
-                line.append(f"{name} {rate:,.0f} tok/s ({taken} snapshots)")
+                detail = f"{taken} snapshots"
+                if not paused:
+                    shares["scheduler"].append(sched_s / elapsed)
+                    shares["thread"].append(cpu_s / elapsed)
+                    detail += f"; scheduler {sched_s / elapsed:.2%}, agent thread {cpu_s / elapsed:.2%} of the run"
+                line.append(f"{name} {rate:,.0f} tok/s ({detail})")
             print(f"block {block + 1}: " + "  ".join(line), flush=True)
+    print(f"\nthe agent's own accounting (agent on, median of {args.blocks} runs): snapshot copies on vLLM's "
+          f"scheduler thread {statistics.median(shares['scheduler']):.2%} of the wall time (the most it can "
+          f"slow vLLM's steps), the agent's thread {statistics.median(shares['thread']):.2%} of one core "
+          "(checks, publishing; it holds the GIL of vLLM's engine-core process while it runs)")
     return results
 
 

@@ -67,6 +67,9 @@ class AgentServer:
         self._latest: PoolSnapshot | None = None
         self._running = True
         self.paused = False  # read by the scheduler's thread each step; written only by `pause`
+        # what the agent costs vLLM, in seconds: scheduler_s, wall time of the connector's
+        # snapshot copies on vLLM's scheduler thread; thread_cpu_s, CPU time of this thread
+        self.cost = {"scheduler_s": 0.0, "thread_cpu_s": 0.0}
         if capacity.get("exceeds"):
             self.alerts.fire("capacity_exceeds_window", "critical", capacity["message"], subject="pool:vllm",
                              condition=True, pool=POOL)
@@ -107,6 +110,7 @@ class AgentServer:
             self._publish_pages()
             self._publish_metrics()
             self.alerts.expire()
+            self.cost["thread_cpu_s"] = time.thread_time()
 
     def _fold(self, snap: PoolSnapshot) -> None:
         self.counters["snapshots"] += 1
@@ -203,6 +207,7 @@ class AgentServer:
             "workers": [worker],
             "capacity": [self.capacity],
             "counters": dict(self.counters),
+            "cost": dict(self.cost),
             "telemetry_seq": dict(self.telemetry.seq),
             "telemetry": self.telemetry.describe(),
         }

@@ -128,7 +128,7 @@ class PageWardenConnector(KVConnectorBase_V1):
             self._last = now
             if self.fault and not self.fault_applied:
                 self._apply_fault()
-            self.server.offer(self.snapshot(scheduler_output.num_scheduled_tokens))
+            self._offer(scheduler_output.num_scheduled_tokens)
         return _NoMeta()
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
@@ -144,8 +144,15 @@ class PageWardenConnector(KVConnectorBase_V1):
         watching = self.server is not None and not self.server.paused
         if self._finished and watching and (now - self._last >= self.period or not self._live):
             self._last = now  # running requests: the next step's snapshot shows it; none left: show it now
-            self.server.offer(self.snapshot({}))
+            self._offer({})
         return ()
+
+    def _offer(self, scheduled: dict[str, int]) -> None:
+        """Copy a snapshot out and queue it. Its time is the agent's cost on vLLM's scheduler
+        thread (besides a clock read per step), counted: status `cost.scheduler_s`."""
+        start = time.perf_counter()
+        self.server.offer(self.snapshot(scheduled))
+        self.server.cost["scheduler_s"] += time.perf_counter() - start
 
     def snapshot(self, scheduled: dict[str, int]) -> PoolSnapshot:
         requests, blocks = {}, {}

@@ -107,6 +107,7 @@ def test_1000_clean_requests_with_prefix_caching_raise_no_alert_and_show_shared_
             findings = {k: v for k, v in status["counters"].items() if k.startswith("findings:")}
             assert findings == {} and status["alerts"] == []
             assert status["counters"]["snapshots"] > 100
+            assert status["cost"]["scheduler_s"] > 0 and status["cost"]["thread_cpu_s"] > 0  # it counts its cost
             # prefix caching shared full blocks between live requests, and the map showed it
             assert watch.max_refs >= 2 and len(watch.shared_seen) >= 1
             wait_for(lambda: watch.arrays is not None and not (watch.arrays["state"] != PageState.FREE).any(),

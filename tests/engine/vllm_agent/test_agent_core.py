@@ -164,3 +164,5 @@ def test_pause_is_refused_as_read_only_unless_faults_are_allowed_and_then_blinds
         assert agent.paused and client.status()["engine"]["agent_paused"] is True
         assert client.call("pause", paused=False) == {"paused": False}
         assert not agent.paused and client.status()["engine"]["agent_paused"] is False
+        cost = client.status()["cost"]
+        assert set(cost) == {"scheduler_s", "thread_cpu_s"} and cost["thread_cpu_s"] > 0
