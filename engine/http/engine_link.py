@@ -95,13 +95,22 @@ class EngineLink:
         return msg.get("result", {})
 
     async def stream(self, fields: dict, idle_timeout_s: float) -> AsyncIterator[Message]:
-        """Submit a request and yield accepted, token..., done (or error). Raises
-        TimeoutError when the engine says nothing for `idle_timeout_s`; a caller that stops
-        early should cancel the request (its later answers are dropped)."""
+        """Submit a request and yield accepted, token..., done (or error); without
+        `stream: true` in fields, accepted then done. Raises TimeoutError when the engine says
+        nothing for `idle_timeout_s` (for a request that streams) or does not answer a ping
+        after that long (for one that does not: it is silent until done, however long it
+        runs). A caller that stops early should cancel the request (its later answers are
+        dropped)."""
         msg_id, queue = await self._send("submit", fields)
         try:
             while True:
-                msg = await self._next(queue, idle_timeout_s)
+                try:
+                    msg = await self._next(queue, idle_timeout_s)
+                except TimeoutError:
+                    if fields.get("stream", True):
+                        raise
+                    await self.call("ping", timeout_s=idle_timeout_s)  # alive: keep waiting
+                    continue
                 yield msg
                 if msg.op in STREAM_END:
                     return

@@ -56,9 +56,12 @@ class CompletionRequest:
     include_usage: bool = False  # stream_options.include_usage
 
     def submit_fields(self) -> dict:
-        """The engine's submit fields (the stop strings are the frontend's job)."""
+        """The engine's submit fields. The stop strings are the frontend's job, so it needs the
+        tokens as they come when it streams or has stop strings; a whole answer without them
+        needs only the engine's `done` (one message per request, not one per token)."""
         fields = {"max_new_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                  "ignore_eos": self.ignore_eos, "stream": True, "tenant": self.user or "default"}
+                  "ignore_eos": self.ignore_eos, "stream": self.stream or bool(self.stop),
+                  "tenant": self.user or "default"}
         if self.seed is not None:
             fields["seed"] = self.seed
         if self.prompt_ids is not None:

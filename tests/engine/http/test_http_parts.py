@@ -23,6 +23,13 @@ def test_parse_completion_maps_openai_fields_to_submit_fields():
     assert parse_completion({"prompt": [[256, 72]]}).prompt_ids == [256, 72]  # a batch of one
 
 
+@pytest.mark.parametrize("body, streams", [({}, False), ({"stop": "x"}, True), ({"stream": True}, True),
+                                           ({"stream": True, "stop": ["a", "b"]}, True)])
+def test_only_a_streamed_or_stopped_completion_asks_the_engine_for_each_token(body, streams):
+    """A whole answer without stop strings needs only `done`: no message per token."""
+    assert parse_completion({"prompt": "hi", **body}).submit_fields()["stream"] is streams
+
+
 def test_parse_completion_errors_name_field_value_and_limit():
     with pytest.raises(HttpError) as err:
         parse_completion({"prompt": "hi", "max_tokens": 1 << 30})
