@@ -359,7 +359,11 @@ async def measure(url: str, prompts: list[list[int]], args) -> dict:
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=900)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
+    # keep-alive, as an OpenAI client does, but a connection idle for 1 s is dropped here first:
+    # uvicorn (vLLM) closes idle ones after 5 s, and reusing one as it closes failed a run
+    # with ServerDisconnectedError
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=1.0)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         async with session.get(url + "/v1/models") as resp:
             model = (await resp.json())["data"][0]["id"]
         for c in args.concurrency:  # warm-up: every batch size once, short, and one stream
