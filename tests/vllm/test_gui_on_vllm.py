@@ -24,17 +24,18 @@ PREFIXES = ("the quick brown fox jumps over the lazy dog and runs far away " * 2
             "river stone light cloud north south green amber quiet early " * 2)
 
 
-def keep_busy(server: VllmServer, stop: threading.Event) -> None:
-    """Waves of long requests over three shared prompt prefixes, until told to stop."""
-    def one(i: int) -> None:
-        if not stop.is_set():
-            server.complete(PREFIXES[i % 3] + f"request {i}", 200 + 20 * (i % 5), ignore_eos=True)
-
-    with cf.ThreadPoolExecutor(9) as pool:
-        i = 0
+def keep_busy(server: VllmServer, stop: threading.Event, streams: int = 9) -> None:
+    """`streams` clients, each sending long requests over three shared prompt prefixes one
+    after another until told to stop: vLLM's pool is never empty between them (waves that all
+    ended together left it empty for a moment, and a look at that moment saw nothing)."""
+    def client(k: int) -> None:
+        i = k
         while not stop.is_set():
-            list(pool.map(one, range(i, i + 9)))
-            i += 9
+            server.complete(PREFIXES[i % 3] + f"request {i}", 200 + 20 * (i % 5), ignore_eos=True)
+            i += streams
+
+    with cf.ThreadPoolExecutor(streams) as pool:
+        list(pool.map(client, range(streams)))
 
 
 def test_the_app_shows_vllms_blocks_by_owner_request_with_shared_prefix_blocks_marked(qtbot):
@@ -57,17 +58,20 @@ def test_the_app_shows_vllms_blocks_by_owner_request_with_shared_prefix_blocks_m
         try:
             pool = window.state.pages.pools["vllm"]
 
+            seen = {}
+
             def busy_and_shared() -> bool:
+                """What the map shows now, kept as one consistent look (the map moves on)."""
                 held = np.flatnonzero(pool.arrays["state"] != PageState.FREE)
-                return len(held) >= 40 and len(pool.shared_pages()) >= 3 and all(
-                    window.state.request_for_slot(int(s)) is not None for s in np.unique(pool.arrays["owner"][held]))
+                records = [window.state.request_for_slot(int(s)) for s in np.unique(pool.arrays["owner"][held])]
+                shared = pool.shared_pages()
+                seen.update(owners={r.request_id for r in records if r is not None},
+                            holders=pool.holders()[shared])
+                return len(held) >= 40 and len(shared) >= 3 and all(r is not None for r in records)
 
             qtbot.waitUntil(busy_and_shared, timeout=60_000)
-            qtbot.wait(300)  # one repaint of the map at 10 Hz
-            held = np.flatnonzero(pool.arrays["state"] != PageState.FREE)
-            owners = {window.state.request_for_slot(int(s)).request_id for s in pool.arrays["owner"][held]}
-            assert all(rid.startswith("cmpl-") for rid in owners) and len(owners) >= 3
-            assert (pool.holders()[pool.shared_pages()] >= 2).all()
+            assert all(rid.startswith("cmpl-") for rid in seen["owners"]) and len(seen["owners"]) >= 3
+            assert (seen["holders"] >= 2).all()
             if os.environ.get("VLLM_AGENT_PNG"):
                 qtbot.waitUntil(lambda: len(window.state.metrics["tokens_per_s"]) >= 5, timeout=20_000)  # plot lines
                 qtbot.waitUntil(busy_and_shared, timeout=60_000)  # mid-wave again
