@@ -31,6 +31,7 @@ class WorkerLoop:
         self.bus.setsockopt(zmq.IDENTITY, name.encode())
         self.bus.connect(bus_endpoint)
         self.engine = Engine(config, pool=self.role, pool_name=name)
+        self.engine.model.decoder.after_layer = self._heartbeat_if_due  # alive inside long forwards too
         self.telemetry = PageTelemetry(self.engine.pool, self.role)
         self.poller = zmq.Poller()
         self.poller.register(self.bus, zmq.POLLIN)
@@ -86,14 +87,22 @@ class WorkerLoop:
                 self.bad_messages += 1
                 self.send({"op": "bad_command", "error": {"code": "bad_message", "message": str(exc)}})
 
-    def _periodic(self) -> None:
-        now = time.monotonic()
+    def _heartbeat_if_due(self, now: float | None = None) -> None:
+        """The heartbeat, at most every HEARTBEAT_S: from the loop between steps, and from
+        inside a forward pass after each layer (this thread, this socket)."""
+        now = time.monotonic() if now is None else now
         if now - self._last_heartbeat >= HEARTBEAT_S:
             self._last_heartbeat = now
             self.send({"op": "heartbeat", **self.stats()})
+
+    def _periodic(self) -> None:
+        now = time.monotonic()
+        self._heartbeat_if_due(now)
         for header, arrays in self.telemetry.due(now):
             self.send(header, arrays)
-        if now - self._last_heard > ORPHAN_S:
+        if now - self._last_heard > ORPHAN_S and not self.bus.poll(0):
+            # quiet this long with nothing waiting on the bus (a long forward pass leaves the
+            # supervisor's pings unread, not unsent): the supervisor is gone
             self.stopping = True
 
     def on_bus(self, msg: Message) -> None:

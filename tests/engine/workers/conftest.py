@@ -1,0 +1,34 @@
+"""Fixtures of the worker tests: a real PrefillWorker wired to sockets the test holds."""
+
+from __future__ import annotations
+
+import pytest
+import zmq
+
+from engine.config import EngineConfig
+from engine.workers.prefill import PrefillWorker
+
+
+@pytest.fixture
+def prefill_rig(tmp_path):
+    """A real PrefillWorker with the supervisor's side of its bus and a decode worker's KV
+    socket, both on ipc: (bus, kv, kv_endpoint, worker)."""
+    ctx = zmq.Context()
+    bus = ctx.socket(zmq.ROUTER)
+    bus.bind(f"ipc://{tmp_path}/bus")
+    kv = ctx.socket(zmq.PULL)
+    kv_endpoint = f"ipc://{tmp_path}/kv"
+    kv.bind(kv_endpoint)
+    worker = PrefillWorker("prefill-0", f"ipc://{tmp_path}/bus", "token", worker_config(), str(tmp_path))
+    try:
+        yield bus, kv, kv_endpoint, worker
+    finally:
+        worker.close()
+        bus.close(0)
+        kv.close(0)
+        ctx.term()
+
+
+def worker_config() -> EngineConfig:
+    return EngineConfig().replace(model={"device": "cpu", "dtype": "float32"}, engine={"kernels": "torch"},
+                                  canaries={"enabled": False})
