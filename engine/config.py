@@ -29,6 +29,7 @@ SCRUB_POLICIES = ("zero", "poison", "none")
 KERNEL_CHOICES = ("auto", "triton", "torch")
 OWNERSHIP_POLICIES = ("abort", "report_only")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+CPU_WEIGHT_LAYOUTS = ("packed", "plain")  # engine/model/cpu_linear.py
 MAX_TOKENS = 1 << 31  # page tables and kernels index tokens with int32
 
 
@@ -37,6 +38,8 @@ class ModelSection:
     path: str = ""  # empty: the embedded default model
     dtype: str = "auto"
     device: str = "auto"
+    # "packed": on CPU in float32, large weights in oneDNN's packed layout (faster decode)
+    cpu_weight_layout: str = "packed"
 
     def resolved_path(self) -> Path:
         return Path(self.path) if self.path else DEFAULT_MODEL_DIR
@@ -352,6 +355,7 @@ def _pools(table: Any, source: str) -> dict[str, PoolConfig]:
 def _check_choices(model: ModelSection, engine: EngineSection, source: str) -> None:
     choices = [
         ("model.dtype", model.dtype, DTYPES),
+        ("model.cpu_weight_layout", model.cpu_weight_layout, CPU_WEIGHT_LAYOUTS),
         ("engine.scrub_policy", engine.scrub_policy, SCRUB_POLICIES),
         ("engine.kernels", engine.kernels, KERNEL_CHOICES),
         ("engine.ownership_policy", engine.ownership_policy, OWNERSHIP_POLICIES),

@@ -77,6 +77,7 @@ class Engine:
         self.model = model or load_model(
             config.model.resolved_path(), dtype=config.model.dtype, device=config.model.device,
             max_positions=eng.context_window,
+            cpu_weight_layout=config.model.cpu_weight_layout,
         )
         cfg = self.model.config
         if eng.context_window > self.model.decoder.max_positions:

@@ -16,7 +16,7 @@ def dense_greedy(
     decoder: CausalDecoder, prompt_ids: list[int], max_new_tokens: int
 ) -> tuple[list[int], list[torch.Tensor]]:
     """Returns the generated ids and the float32 logits that chose each of them."""
-    device = decoder.lm_head.weight.device
+    device = decoder.model.embed_tokens.weight.device
     ids = list(prompt_ids)
     generated, logits_seen = [], []
     for _ in range(max_new_tokens):

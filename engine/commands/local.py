@@ -65,6 +65,7 @@ def cmd_generate(args) -> int:
         model = load_model(
             config.model.resolved_path(), dtype=config.model.dtype, device=config.model.device,
             max_positions=config.engine.context_window,
+            cpu_weight_layout=config.model.cpu_weight_layout,
         )
         prompt = parse_ids(args.prompt_ids) if args.prompt_ids is not None else model.tokenizer.encode(args.prompt)
         params = SamplingParams(

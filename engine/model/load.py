@@ -7,9 +7,11 @@ from pathlib import Path
 
 import torch
 
+from engine.config import CPU_WEIGHT_LAYOUTS
 from engine.errors import CheckpointError, ConfigError
 from engine.model.checkpoint import TORCH_DTYPES, load_decoder
 from engine.model.config import ModelConfig, read_model_config
+from engine.model.cpu_linear import pack_linears
 from engine.model.decoder import CausalDecoder
 from engine.model.tokenizer import TextTokenizer
 
@@ -61,9 +63,15 @@ def load_model(
     dtype: str = "auto",
     device: str = "auto",
     max_positions: int | None = None,
+    cpu_weight_layout: str = "packed",
 ) -> LoadedModel:
     """Load a local HF checkpoint directory. Raises CheckpointError (missing file, unsupported
-    architecture, bad tensor) or ConfigError (dtype/device)."""
+    architecture, bad tensor) or ConfigError (dtype/device/layout).
+
+    cpu_weight_layout "packed": on CPU in float32, large projection weights are held in
+    oneDNN's packed layout (engine/model/cpu_linear.py); "plain" keeps nn.Linear."""
+    if cpu_weight_layout not in CPU_WEIGHT_LAYOUTS:
+        raise ConfigError(f"cpu_weight_layout {cpu_weight_layout!r} is not one of {', '.join(CPU_WEIGHT_LAYOUTS)}")
     path = Path(model_dir)
     cfg = read_model_config(path)
     torch_dtype = resolve_dtype(dtype, cfg)
@@ -74,4 +82,6 @@ def load_model(
     decoder = load_decoder(
         path, cfg, dtype=torch_dtype, device=torch_device, max_positions=positions
     )
+    if cpu_weight_layout == "packed":
+        pack_linears(decoder)
     return LoadedModel(path, cfg, decoder, torch_dtype, torch_device)
