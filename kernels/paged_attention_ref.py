@@ -64,6 +64,12 @@ class DecodePlan:
     violations: torch.Tensor  # [B, 2] int32: (foreign, unwritten) token slots the row needed
     empty_rows: torch.Tensor | None  # [B] bool where a row has nothing to attend, else None
     foreign: torch.Tensor | None = None  # [B, P * page_size] bool (check_tags only): foreign slots
+    # [k] int64: the blocked tokens as flat indices into [B * P * page_size], for zeroing the
+    # gathered V rows in one indexed write (a broadcast masked_fill took as long as the gather)
+    blocked_rows: torch.Tensor | None = None
+    # the gathered K/V of one layer, reused by every layer of the step (no fresh allocation
+    # and page faults per layer); made by the first attend_planned
+    gather_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 NO_WRITER = -1  # the tag of a slot nothing wrote since its last scrub (engine.wire.page_tags)
@@ -113,8 +119,10 @@ def plan_decode(block_table, expected_tags, seq_lens, token_writer, page_size: i
     bias = torch.zeros(attend.shape, dtype=torch.float32, device=device)
     bias.masked_fill_(~attend, float("-inf"))
     empty = ~attend.any(dim=1)
-    return DecodePlan(pages, (~attend)[:, :, None, None], bias[:, None, None, :], violations,
-                      empty if bool(empty.any()) else None, foreign)
+    blocked = ~attend
+    return DecodePlan(pages, blocked[:, :, None, None], bias[:, None, None, :], violations,
+                      empty if bool(empty.any()) else None, foreign,
+                      blocked_rows=blocked.reshape(-1).nonzero().squeeze(1))
 
 
 def attend_planned(q, k_cache, v_cache, plan: DecodePlan, *, scale: float,
@@ -123,31 +131,41 @@ def attend_planned(q, k_cache, v_cache, plan: DecodePlan, *, scale: float,
     batch = q.shape[0]
     if out is None:
         out = torch.empty_like(q)
-    if plan.pages.shape[1] == 0:
+    num_pages = plan.pages.shape[1]
+    if num_pages == 0:
         return out.zero_()
     # bound the gathered K/V copy so batch 64 x 16k context stays in memory
-    per_seq = plan.pages.shape[1] * k_cache[0].numel() * 2 * 4
-    chunk = max(1, _GATHER_BUDGET_BYTES // max(per_seq, 1))
-    if chunk >= batch:
-        _attend_rows(q, k_cache, v_cache, plan.pages, plan.blocked, plan.bias, scale, out)
-    else:
-        for lo in range(0, batch, chunk):
-            rows = slice(lo, lo + chunk)
-            _attend_rows(q[rows], k_cache, v_cache, plan.pages[rows], plan.blocked[rows],
-                         plan.bias[rows], scale, out[rows])
+    per_seq = num_pages * k_cache[0].numel() * 2 * 4
+    chunk = min(batch, max(1, _GATHER_BUDGET_BYTES // max(per_seq, 1)))
+    if plan.gather_buffers is None:
+        shape = (chunk * num_pages, *k_cache.shape[1:])
+        plan.gather_buffers = (torch.empty(shape, dtype=k_cache.dtype, device=k_cache.device),
+                               torch.empty(shape, dtype=v_cache.dtype, device=v_cache.device))
+    tokens_per_row = num_pages * k_cache.shape[1]
+    for lo in range(0, batch, chunk):
+        hi = min(batch, lo + chunk)
+        rows = plan.blocked_rows
+        if chunk < batch:
+            rows = rows[(rows >= lo * tokens_per_row) & (rows < hi * tokens_per_row)] - lo * tokens_per_row
+        _attend_rows(q[lo:hi], k_cache, v_cache, plan.pages[lo:hi], rows, plan.bias[lo:hi], scale, out[lo:hi],
+                     plan.gather_buffers)
     if plan.empty_rows is not None:
         out[plan.empty_rows] = 0  # nothing readable: zeros, not SDPA's NaN
     return out
 
 
-def _attend_rows(q, k_cache, v_cache, pages, blocked, bias, scale, out) -> None:
+def _attend_rows(q, k_cache, v_cache, pages, blocked_rows, bias, scale, out, buffers) -> None:
     n, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    k = k_cache[pages].reshape(n, -1, num_kv_heads, head_dim).float()
-    v = v_cache[pages].reshape(n, -1, num_kv_heads, head_dim).float()
+    flat = pages.reshape(-1)
+    k_buf, v_buf = (buf[: flat.shape[0]] for buf in buffers)
+    torch.index_select(k_cache, 0, flat, out=k_buf)
+    torch.index_select(v_cache, 0, flat, out=v_buf)
+    k = k_buf.view(n, -1, num_kv_heads, head_dim).float()
+    v = v_buf.view(n, -1, num_kv_heads, head_dim).float()
     # masked slots may hold NaN (poison scrub, foreign data): 0 * NaN would leak into out.
     # In place: the gather above made a private copy.
-    v.masked_fill_(blocked, 0.0)
+    v.view(-1, num_kv_heads * head_dim).index_fill_(0, blocked_rows, 0.0)
     qf = q.reshape(n, num_kv_heads, -1, head_dim).float()
     result = F.scaled_dot_product_attention(qf, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, scale=scale)
     out.copy_(result.reshape(n, num_heads, head_dim))

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.config import REPO_ROOT
-from kernels import KernelSet, select_kernels
+from kernels import KernelSet, paged_attention_ref, select_kernels
 from kernels.kv_store_ref import store_kv
-from kernels.paged_attention_ref import paged_decode_attention
+from kernels.paged_attention_ref import attend_planned, paged_decode_attention, plan_decode
 from kernels.scrub_ref import scrub_pages
 
 # padding entries of a block table: must never be dereferenced
@@ -186,6 +186,46 @@ def test_reference_fully_masked_row_is_zero_and_poison_does_not_leak():
     assert_close(out, dense_oracle(case, tag_keep(case)), 1e-5)
     out, _ = run_kernel(paged_decode_attention, case, check_tags=False)
     assert out[1].isfinite().all()
+
+
+def _poison_blocked_slots(case, layer_cache):
+    """NaN into every slot a reader may not use: padding past each sequence's end and a
+    foreign page. A blocked slot that reached SDPA unzeroed would turn its row to NaN."""
+    case.token_writer[int(case.block_table[0, 0])] = make_tag(5, 5)
+    layer_cache[int(case.block_table[0, 0])] = float("nan")
+    for b, n in enumerate(case.seq_lens.tolist()):
+        j, slot = divmod(n, case.page_size)
+        if n and slot:
+            layer_cache[int(case.block_table[b, j]), slot:] = float("nan")
+
+
+def test_one_plan_serves_every_layer_and_zeroes_each_layers_blocked_slots():
+    """The gathered K/V buffers are reused layer after layer: each layer's blocked slots
+    must be masked again, and no layer may see the previous layer's K/V."""
+    case = build_case(torch.Generator().manual_seed(8), [6, 9, 3], num_layers=3)
+    for layer in range(3):
+        _poison_blocked_slots(case, case.data[:, layer, 1])
+    plan = plan_decode(case.block_table, case.expected, case.seq_lens, case.token_writer, case.page_size)
+    for layer in (2, 0, 1):
+        case.k_cache, case.v_cache = case.data[:, layer, 0], case.data[:, layer, 1]
+        out = attend_planned(case.q, case.k_cache, case.v_cache, plan, scale=case.scale)
+        assert out.isfinite().all(), f"layer {layer}"
+        assert_close(out, dense_oracle(case, tag_keep(case)), 1e-5, f"layer {layer}")
+
+
+@pytest.mark.parametrize("budget_rows", [1, 2])
+def test_gather_in_chunks_matches_one_gather(monkeypatch, budget_rows):
+    """Past the gather budget the batch is attended a few rows at a time; each chunk masks
+    its own rows' blocked slots."""
+    case = build_case(torch.Generator().manual_seed(9), [6, 9, 3, 13, 1])
+    _poison_blocked_slots(case, case.v_cache)
+    width = -(-int(case.seq_lens.max()) // case.page_size)
+    per_seq = width * case.k_cache[0].numel() * 2 * 4
+    monkeypatch.setattr(paged_attention_ref, "_GATHER_BUDGET_BYTES", per_seq * budget_rows)
+    out, violations = run_kernel(paged_decode_attention, case)
+    assert out.isfinite().all()
+    assert_close(out, dense_oracle(case, tag_keep(case)), 1e-5)
+    assert torch.equal(violations, oracle_violations(case))
 
 
 def test_reference_writes_preallocated_buffers():
