@@ -163,8 +163,10 @@ def _attend_rows(q, k_cache, v_cache, pages, blocked_rows, bias, scale, out, buf
     torch.index_select(v_cache, 0, flat, out=v_buf)
     k = k_buf.view(n, -1, num_kv_heads, head_dim).float()
     v = v_buf.view(n, -1, num_kv_heads, head_dim).float()
-    # masked slots may hold NaN (poison scrub, foreign data): 0 * NaN would leak into out.
+    # masked slots may hold NaN (poison scrub, foreign data) in K and in V: a NaN score stays
+    # NaN under the -inf bias, and 0 * NaN leaks through V; either would turn the row to NaN.
     # In place: the gather above made a private copy.
+    k.view(-1, num_kv_heads * head_dim).index_fill_(0, blocked_rows, 0.0)
     v.view(-1, num_kv_heads * head_dim).index_fill_(0, blocked_rows, 0.0)
     qf = q.reshape(n, num_kv_heads, -1, head_dim).float()
     result = F.scaled_dot_product_attention(qf, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, scale=scale)

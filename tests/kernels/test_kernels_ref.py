@@ -188,15 +188,17 @@ def test_reference_fully_masked_row_is_zero_and_poison_does_not_leak():
     assert out[1].isfinite().all()
 
 
-def _poison_blocked_slots(case, layer_cache):
-    """NaN into every slot a reader may not use: padding past each sequence's end and a
-    foreign page. A blocked slot that reached SDPA unzeroed would turn its row to NaN."""
+def _poison_blocked_slots(case, *layer_caches):
+    """NaN into every slot a reader may not use, in K and V (the poison scrub writes both):
+    padding past each sequence's end and a foreign page. A blocked slot that reached SDPA
+    unzeroed would turn its row to NaN."""
     case.token_writer[int(case.block_table[0, 0])] = make_tag(5, 5)
-    layer_cache[int(case.block_table[0, 0])] = float("nan")
-    for b, n in enumerate(case.seq_lens.tolist()):
-        j, slot = divmod(n, case.page_size)
-        if n and slot:
-            layer_cache[int(case.block_table[b, j]), slot:] = float("nan")
+    for cache in layer_caches:
+        cache[int(case.block_table[0, 0])] = float("nan")
+        for b, n in enumerate(case.seq_lens.tolist()):
+            j, slot = divmod(n, case.page_size)
+            if n and slot:
+                cache[int(case.block_table[b, j]), slot:] = float("nan")
 
 
 def test_one_plan_serves_every_layer_and_zeroes_each_layers_blocked_slots():
@@ -204,7 +206,7 @@ def test_one_plan_serves_every_layer_and_zeroes_each_layers_blocked_slots():
     must be masked again, and no layer may see the previous layer's K/V."""
     case = build_case(torch.Generator().manual_seed(8), [6, 9, 3], num_layers=3)
     for layer in range(3):
-        _poison_blocked_slots(case, case.data[:, layer, 1])
+        _poison_blocked_slots(case, case.data[:, layer, 0], case.data[:, layer, 1])
     plan = plan_decode(case.block_table, case.expected, case.seq_lens, case.token_writer, case.page_size)
     for layer in (2, 0, 1):
         case.k_cache, case.v_cache = case.data[:, layer, 0], case.data[:, layer, 1]
@@ -218,7 +220,7 @@ def test_gather_in_chunks_matches_one_gather(monkeypatch, budget_rows):
     """Past the gather budget the batch is attended a few rows at a time; each chunk masks
     its own rows' blocked slots."""
     case = build_case(torch.Generator().manual_seed(9), [6, 9, 3, 13, 1])
-    _poison_blocked_slots(case, case.v_cache)
+    _poison_blocked_slots(case, case.k_cache, case.v_cache)
     width = -(-int(case.seq_lens.max()) // case.page_size)
     per_seq = width * case.k_cache[0].numel() * 2 * 4
     monkeypatch.setattr(paged_attention_ref, "_GATHER_BUDGET_BYTES", per_seq * budget_rows)
