@@ -202,7 +202,7 @@ def test_check_bind_policy(endpoint, curve, allowed):
         assert endpoint in str(err.value)
 
 
-def test_send_zero_copy_tracks_every_frame_not_only_the_last():
+def test_send_zero_copy_tracks_every_frame_not_only_the_last(tmp_path):
     """pyzmq's send_multipart(copy=False, track=True) returns the last frame's tracker: a
     small last frame is copied and done at once while the large frames before it are still
     ZeroMQ's. send_zero_copy is done only when every frame is let go of. Nobody listens at
@@ -212,16 +212,17 @@ def test_send_zero_copy_tracks_every_frame_not_only_the_last():
     ctx = zmq.Context()
     push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
     try:
-        port = pull.bind_to_random_port("tcp://127.0.0.1")
-        pull.unbind(pull.getsockopt(zmq.LAST_ENDPOINT))
-        push.connect(f"tcp://127.0.0.1:{port}")
+        # an ipc path nobody else can take between connect and bind (a freed TCP port can
+        # be: CI once lost this test to "Address already in use")
+        endpoint = f"ipc://{tmp_path}/zero-copy"
+        push.connect(endpoint)
         page = np.arange(1 << 20, dtype=np.uint32).view(np.uint8)  # 4 MiB: above zmq.COPY_THRESHOLD
         tags = b"t" * 64  # below it: copied at once
         last_only = push.send_multipart([page, tags], copy=False, track=True)
         every = send_zero_copy(push, [page, tags])
         assert last_only.done  # pyzmq's answer, while ZeroMQ still holds `page` (twice)
         assert not every.done
-        pull.bind(f"tcp://127.0.0.1:{port}")
+        pull.bind(endpoint)
         for _ in range(2):
             got = pull.recv_multipart()
             assert got[0] == page.tobytes() and got[1] == tags
