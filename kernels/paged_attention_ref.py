@@ -68,8 +68,10 @@ class DecodePlan:
     # gathered V rows in one indexed write (a broadcast masked_fill took as long as the gather)
     blocked_rows: torch.Tensor | None = None
     # the gathered K/V of one layer, reused by every layer of the step (no fresh allocation
-    # and page faults per layer); made by the first attend_planned
+    # and page faults per layer), and the rows attended per gather, each with its own
+    # blocked_rows: both made by the first attend_planned
     gather_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+    chunks: list[tuple[int, int, torch.Tensor]] | None = None
 
 
 NO_WRITER = -1  # the tag of a slot nothing wrote since its last scrub (engine.wire.page_tags)
@@ -141,17 +143,26 @@ def attend_planned(q, k_cache, v_cache, plan: DecodePlan, *, scale: float,
         shape = (chunk * num_pages, *k_cache.shape[1:])
         plan.gather_buffers = (torch.empty(shape, dtype=k_cache.dtype, device=k_cache.device),
                                torch.empty(shape, dtype=v_cache.dtype, device=v_cache.device))
-    tokens_per_row = num_pages * k_cache.shape[1]
-    for lo in range(0, batch, chunk):
-        hi = min(batch, lo + chunk)
-        rows = plan.blocked_rows
-        if chunk < batch:
-            rows = rows[(rows >= lo * tokens_per_row) & (rows < hi * tokens_per_row)] - lo * tokens_per_row
+        plan.chunks = _chunks(plan.blocked_rows, batch, chunk, num_pages * k_cache.shape[1])
+    for lo, hi, rows in plan.chunks:
         _attend_rows(q[lo:hi], k_cache, v_cache, plan.pages[lo:hi], rows, plan.bias[lo:hi], scale, out[lo:hi],
                      plan.gather_buffers)
     if plan.empty_rows is not None:
         out[plan.empty_rows] = 0  # nothing readable: zeros, not SDPA's NaN
     return out
+
+
+def _chunks(blocked_rows, batch: int, chunk: int, tokens_per_row: int) -> list[tuple[int, int, torch.Tensor]]:
+    """(first row, end row, that chunk's blocked tokens as flat indices local to it) for
+    each chunk of at most `chunk` rows; computed once per step, used by every layer."""
+    if chunk >= batch:
+        return [(0, batch, blocked_rows)]
+    chunks = []
+    for lo in range(0, batch, chunk):
+        hi = min(batch, lo + chunk)
+        start, end = lo * tokens_per_row, hi * tokens_per_row
+        chunks.append((lo, hi, blocked_rows[(blocked_rows >= start) & (blocked_rows < end)] - start))
+    return chunks
 
 
 def _attend_rows(q, k_cache, v_cache, pages, blocked_rows, bias, scale, out, buffers) -> None:
