@@ -1,8 +1,9 @@
 """Linear layers in oneDNN's packed weight layout, for float32 decoding on CPU.
 
 Decoding on a CPU streams every weight from memory once per step. With the weights in
-the layout oneDNN packs them into ahead of time, a step of SmolLM-135M's shape took 0.72x
-the time of `F.linear` at 16 concurrent requests and 0.89x at one (bench/RESULTS.md).
+the layout oneDNN packs them into ahead of time, a step of SmolLM-135M's shape took 0.90x
+the time of `F.linear` at 16 concurrent requests and 0.92x at one on a quiet machine
+(0.72x at 16 with the other core busy; bench/RESULTS.md).
 oneDNN costs about 20 µs more per call, so a weight small enough to stay in cache (the
 default copy model's are all under 1 MiB) is faster left plain: only weights of at least
 PACK_MIN_BYTES are packed.
