@@ -65,7 +65,8 @@ class DecodePlan:
     empty_rows: torch.Tensor | None  # [B] bool where a row has nothing to attend, else None
     foreign: torch.Tensor | None = None  # [B, P * page_size] bool (check_tags only): foreign slots
     # [k] int64: the blocked tokens as flat indices into [B * P * page_size], for zeroing the
-    # gathered V rows in one indexed write (a broadcast masked_fill took as long as the gather)
+    # gathered K and V rows in one indexed write each (a broadcast masked_fill took as long
+    # as the gather; K too, or a poisoned NaN in K reaches the output through 0 * NaN)
     blocked_rows: torch.Tensor | None = None
     # the gathered K/V of one layer, reused by every layer of the step (no fresh allocation
     # and page faults per layer), and the rows attended per gather, each with its own
@@ -136,10 +137,10 @@ def attend_planned(q, k_cache, v_cache, plan: DecodePlan, *, scale: float,
     num_pages = plan.pages.shape[1]
     if num_pages == 0:
         return out.zero_()
-    # bound the gathered K/V copy so batch 64 x 16k context stays in memory
-    per_seq = num_pages * k_cache[0].numel() * 2 * 4
-    chunk = min(batch, max(1, _GATHER_BUDGET_BYTES // max(per_seq, 1)))
-    if plan.gather_buffers is None:
+    if plan.gather_buffers is None:  # the first layer of the step; every later one reuses these
+        # bound the gathered K/V copy so batch 64 x 16k context stays in memory
+        per_seq = num_pages * k_cache[0].numel() * 2 * 4
+        chunk = min(batch, max(1, _GATHER_BUDGET_BYTES // max(per_seq, 1)))
         shape = (chunk * num_pages, *k_cache.shape[1:])
         plan.gather_buffers = (torch.empty(shape, dtype=k_cache.dtype, device=k_cache.device),
                                torch.empty(shape, dtype=v_cache.dtype, device=v_cache.device))
