@@ -4,7 +4,7 @@ here, one at a time:
     make vllm-venv                        # once: vLLM's CPU build in .venv-vllm (or set PAGEWARDEN_VLLM_PYTHON)
     .venv/bin/python bench/make_random_llama.py   # once, for --model llama135m (or let this bench write it)
     .venv/bin/python bench/vs_vllm.py [--model copy|llama135m ...] [--reps 5] [--quick] [--json PATH]
-                                      [--only vllm|ours] [--rounds N] [--pin]
+                                      [--only vllm|ours] [--rounds N] [--pin] [--ours-threads N]
 
 Checkpoints: `copy` = resources/models/pagewarden-copy (2 layers, 272 ids), `llama135m` =
 build/models/random-llama-135m (SmolLM-135M's shape, random weights; bench/make_random_llama.py,
@@ -418,7 +418,7 @@ def run_ours(model_dir: Path, prompts, args, work: Path) -> dict:
     pages = our_pages(top, args.prompt, args.new_tokens)
     config = write_config(work / "ours.toml", model={"path": str(model_dir)},
                           engine={"max_batch": max(64, top), "max_prefill_tokens": max(4096, top * args.prompt)},
-                          canaries={"enabled": False},
+                          canaries={"enabled": False}, workers={"threads": args.ours_threads},
                           pools={"prefill": {"pages": pages}, "decode": {"pages": pages}})
     t0 = time.perf_counter()
     server = LocalServer(config, "--http-port", "0")
@@ -513,6 +513,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="prompt seed")
     p.add_argument("--quick", action="store_true", help="1 rep, concurrency 1 and 16, 32 new tokens")
     p.add_argument("--only", choices=SERVERS, default=None, help="run one server only")
+    p.add_argument("--ours-threads", type=int, default=0,
+                   help="our workers.threads (default 0: the cores shared among the workers computing)")
     p.add_argument("--pin", action="store_true", help="vLLM's worker alone on one core, the rest on another")
     p.add_argument("--json", type=Path, default=None, help="write every raw number here")
     args = p.parse_args(argv)

@@ -31,6 +31,8 @@ OWNERSHIP_POLICIES = ("abort", "report_only")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 CPU_WEIGHT_LAYOUTS = ("packed", "plain")  # engine/model/cpu_linear.py
 MAX_TOKENS = 1 << 31  # page tables and kernels index tokens with int32
+WORKER_ROLES = ("prefill", "decode")  # the worker processes' roles, in start order
+MAX_WORKERS_PER_ROLE = 64  # prefill (and decode) worker processes of one supervisor
 
 
 @dataclass(frozen=True)
@@ -113,13 +115,16 @@ class WorkersSection:
     # A request no worker of a role can take (none ready) fails after this long with the
     # reason; at once when none of that role can come back (stopped, or crashed for good).
     unplaced_timeout_s: int = 60
-    # Compute threads of each worker process (torch/OpenMP). 0: the cores this process may
-    # use, shared among the worker processes (at least one each). More threads than cores
-    # across processes make OpenMP's waiting threads spin against each other: beside one
-    # busy core, the e2e scenarios took 262 s with two threads per worker, 167 s with one.
+    # Compute threads of each worker process (torch/OpenMP). 0: on CPU, the cores this process
+    # may use, divided before each layer among the workers computing at that moment (all of
+    # them for a worker computing alone; engine/workers/core_share.py); on a GPU, the cores
+    # divided among the workers once. More threads than cores across processes make OpenMP's
+    # waiting threads spin against each other: beside one busy core, the e2e scenarios took
+    # 262 s with two threads per worker, 167 s with one.
     threads: int = 0
 
     def threads_per_worker(self, cores: int) -> int:
+        """The threads a worker starts with (a CPU worker with `threads` 0 then follows its share)."""
         return self.threads or max(1, cores // (self.prefill + self.decode))
 
 
@@ -254,8 +259,8 @@ _RANGES = {
     "max_batch": (1, 4096),
     "max_prefill_tokens": (1, MAX_TOKENS - 1),
     "pages": (1, (1 << 31) - 1),
-    "prefill": (1, 64),
-    "decode": (1, 64),
+    "prefill": (1, MAX_WORKERS_PER_ROLE),
+    "decode": (1, MAX_WORKERS_PER_ROLE),
     "per_minute": (0, 600),
     "max_requests_per_client": (1, 1_000_000),
     "max_tokens_per_client": (1, MAX_TOKENS - 1),

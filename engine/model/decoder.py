@@ -30,10 +30,12 @@ class CausalDecoder(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryTable(cfg.head_dim, cfg.rope_theta, max_positions)
-        # called after each layer of every forward pass: a worker process answers its
+        # called at each layer boundary of every forward pass (before each layer and after
+        # the last): a worker process answers its
         # supervisor's liveness check from there, so a long prefill on CPU (a 2,000-token
-        # prompt on a 135M model: 22 s) is not taken for a hung worker
-        self.after_layer: Callable[[], None] | None = None
+        # prompt on a 135M model: 22 s) is not taken for a hung worker, and takes its share
+        # of the cores (engine/workers/core_share.py)
+        self.at_layer_boundary: Callable[[], None] | None = None
 
     @property
     def max_positions(self) -> int:
@@ -51,11 +53,13 @@ class CausalDecoder(nn.Module):
         get logits (prefill needs only each sequence's last token)."""
         x = self.model.embed_tokens(tokens)
         cos, sin = self.rotary.lookup(positions, x.dtype)
-        after_layer = self.after_layer
+        boundary = self.at_layer_boundary
         for layer in self.model.layers:
+            if boundary is not None:
+                boundary()
             x = layer(x, cos, sin, ctx)
-            if after_layer is not None:
-                after_layer()
+        if boundary is not None:
+            boundary()
         if logit_rows is not None:
             x = x[logit_rows]
         return self.lm_head(self.model.norm(x)).float()

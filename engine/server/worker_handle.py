@@ -46,6 +46,7 @@ class WorkerHandle:
     crashes_in_a_row: int = 0  # without a minute of being ready in between
     restart_at: float | None = None  # a crashed worker's scheduled restart (monotonic)
     spawn_reason: str = ""  # "start" (first, or asked by a client) or "restart" (after a crash)
+    core_slot: int = 0  # its slot in the run directory's core-share file (engine/workers/core_share.py)
 
     @property
     def identity(self) -> bytes:
@@ -78,7 +79,8 @@ class WorkerHandle:
         log = open(self.log_path, "ab")
         cmd = [
             sys.executable, "-m", "engine.workers.main", "--role", self.role, "--name", self.name,
-            "--bus", bus_endpoint, "--run-dir", str(self.run_dir), "--config-json", json.dumps(config_dict),
+            "--bus", bus_endpoint, "--run-dir", str(self.run_dir), "--core-slot", str(self.core_slot),
+            "--config-json", json.dumps(config_dict),
         ]
         self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
@@ -116,7 +118,8 @@ class WorkerHandle:
         return {
             "name": self.name, "role": self.role, "state": self.state.value, "pid": self.pid,
             "device": self.info.get("device"), "kernels": self.info.get("kernels"),
-            "threads": self.info.get("threads"),
+            "threads": self.info.get("threads"),  # the most it computes with
+            "threads_shared": self.info.get("threads_shared", False),  # divided among the computing workers
             "pool": {
                 "name": pool.get("name", self.name), "pages": pool.get("pages"),
                 "page_size": pool.get("page_size"), "used_pages": self.stats.get("used_pages"),

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.config import MAX_WORKERS_PER_ROLE, WORKER_ROLES
 from engine.server.worker_handle import WorkerHandle, WorkerState
 
 HEARTBEAT_TIMEOUT_S = 30.0  # only for hung workers: a dead one is seen at once by its exit
@@ -25,7 +26,6 @@ START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 5.0
 STABLE_S = 60.0  # ready this long: its next crash is the first in a row again
 MAX_BACKOFF_MS = 60_000
-ROLES = ("prefill", "decode")
 
 
 class WorkerPool:
@@ -43,9 +43,10 @@ class WorkerPool:
         self._restart_after_stop: set[str] = set()
         self._stop_deadline: dict[str, float] = {}
         self.handles: dict[str, WorkerHandle] = {}
-        for role in ROLES:
+        for r, role in enumerate(WORKER_ROLES):
             for i in range(counts.get(role, 0)):
-                self.handles[f"{role}-{i}"] = WorkerHandle(f"{role}-{i}", role, run_dir)
+                self.handles[f"{role}-{i}"] = WorkerHandle(f"{role}-{i}", role, run_dir,
+                                                           core_slot=r * MAX_WORKERS_PER_ROLE + i)
 
     # ---- lookups ----------------------------------------------------------------------
     def __getitem__(self, name: str) -> WorkerHandle:

@@ -10,11 +10,12 @@ from collections import deque
 import torch
 import zmq
 
-from engine.config import EngineConfig
+from engine.config import MAX_WORKERS_PER_ROLE, WORKER_ROLES, EngineConfig
 from engine.core import Engine
 from engine.errors import PageWardenError
 from engine.wire.protocol import Message, ProtocolError, pack, page_arrays, unpack
 from engine.wire.sockets import drain, harden
+from engine.workers.core_share import CoreShare
 from engine.workers.page_telemetry import PageTelemetry
 
 HEARTBEAT_S = 0.5
@@ -24,14 +25,19 @@ ORPHAN_S = 15.0  # no word from the supervisor for this long: it is gone, so exi
 class WorkerLoop:
     role = "worker"
 
-    def __init__(self, name: str, bus_endpoint: str, token: str, config: EngineConfig, run_dir: str):
+    def __init__(self, name: str, bus_endpoint: str, token: str, config: EngineConfig, run_dir: str,
+                 core_slot: int = 0):
         self.name, self.token, self.config, self.run_dir = name, token, config, run_dir
         self.ctx = zmq.Context()
         self.bus = harden(self.ctx.socket(zmq.DEALER), "bus")
         self.bus.setsockopt(zmq.IDENTITY, name.encode())
         self.bus.connect(bus_endpoint)
         self.engine = Engine(config, pool=self.role, pool_name=name)
-        self.engine.model.decoder.after_layer = self._heartbeat_if_due  # alive inside long forwards too
+        # a CPU worker with `workers.threads` 0 takes its share of the cores before each layer
+        shared = config.workers.threads == 0 and self.engine.pool.device.type == "cpu"
+        self.cores = (CoreShare(run_dir, core_slot, len(WORKER_ROLES) * MAX_WORKERS_PER_ROLE,
+                                len(os.sched_getaffinity(0))) if shared else None)
+        self.engine.model.decoder.at_layer_boundary = self._at_layer_boundary  # alive inside long forwards too
         self.telemetry = PageTelemetry(self.engine.pool, self.role)
         self.poller = zmq.Poller()
         self.poller.register(self.bus, zmq.POLLIN)
@@ -53,7 +59,10 @@ class WorkerLoop:
         pool = self.engine.pool
         return {
             "op": "hello", "name": self.name, "role": self.role, "pid": os.getpid(), "token": self.token,
-            "device": str(pool.device), "kernels": self.engine.kernels.name, "threads": torch.get_num_threads(),
+            "device": str(pool.device), "kernels": self.engine.kernels.name,
+            # the most threads it computes with: its share of the cores when they are shared
+            "threads": self.cores.cores if self.cores is not None else torch.get_num_threads(),
+            "threads_shared": self.cores is not None,
             "pool": {"name": pool.name, "pages": pool.num_pages, "page_size": pool.page_size,
                      "bytes_per_page": pool.layout.bytes_per_page},
         }
@@ -61,7 +70,8 @@ class WorkerLoop:
     def stats(self) -> dict:
         pool = self.engine.pool
         return {"free_pages": pool.free_pages, "used_pages": pool.used_pages,
-                "bad_messages": self.bad_messages, "scrubbed_pages": pool.scrubbed_pages}
+                "bad_messages": self.bad_messages, "scrubbed_pages": pool.scrubbed_pages,
+                "threads_now": torch.get_num_threads()}
 
     # ---- the loop ---------------------------------------------------------------------
     def run(self) -> None:
@@ -73,6 +83,7 @@ class WorkerLoop:
                     self._drain_bus()
                 self.on_ready(ready)
                 self.work()
+                self._cores_after_work()
                 self._periodic()
         finally:
             self.close()
@@ -86,6 +97,16 @@ class WorkerLoop:
                 # a bad command must not take the worker down: count it and say so
                 self.bad_messages += 1
                 self.send({"op": "bad_command", "error": {"code": "bad_message", "message": str(exc)}})
+
+    def _cores_after_work(self) -> None:
+        if self.cores is not None and not self.computes_next():
+            self.cores.idle()  # the other workers may have its cores until its next layer
+
+    def _at_layer_boundary(self) -> None:
+        now = time.monotonic()
+        if self.cores is not None:
+            self.cores.computing(now)
+        self._heartbeat_if_due(now)
 
     def _heartbeat_if_due(self, now: float | None = None) -> None:
         """The heartbeat, at most every HEARTBEAT_S: from the loop between steps, and from
@@ -158,12 +179,18 @@ class WorkerLoop:
             self.send({"op": "isolation", "events": events})
 
     def close(self) -> None:
+        if self.cores is not None:
+            self.cores.close()
         self.bus.close(linger=200)  # let the last messages (tokens, bye) leave
         self.ctx.term()
 
     # ---- the role's part --------------------------------------------------------------
     def busy(self) -> bool:
         return False
+
+    def computes_next(self) -> bool:
+        """Whether the loop's next turn computes again at once (its core-share mark stays)."""
+        return self.busy()
 
     def on_ready(self, ready: dict) -> None:
         pass

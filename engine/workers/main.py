@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", required=True)
     parser.add_argument("--bus", required=True, help="the supervisor's worker bus endpoint")
     parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--core-slot", type=int, default=0, help="its slot in the run directory's core-share file")
     parser.add_argument("--config-json", required=True, help="the engine config as JSON")
     args = parser.parse_args(argv)
     die_with_parent()  # SIGTERM when the supervisor dies, so no worker outlives it
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         from engine.workers.prefill import PrefillWorker as Worker
     else:
         from engine.workers.decode import DecodeWorker as Worker
-    worker = Worker(args.name, args.bus, os.environ.get(TOKEN_ENV, ""), config, args.run_dir)
+    worker = Worker(args.name, args.bus, os.environ.get(TOKEN_ENV, ""), config, args.run_dir,
+                    core_slot=args.core_slot)
     worker.run()
     return 0
 

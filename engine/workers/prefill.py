@@ -80,6 +80,9 @@ class PrefillWorker(WorkerLoop):
     def busy(self) -> bool:
         return bool(self.jobs or self.shipping)
 
+    def computes_next(self) -> bool:
+        return bool(self.jobs)  # shipping pages to decode computes nothing
+
     def handle(self, msg: Message) -> None:
         if msg.op == "prefill":
             self.jobs.append(self._job(msg))

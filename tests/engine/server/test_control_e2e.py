@@ -60,13 +60,15 @@ def test_reconfigure_validates_reports_and_applies(start_server):
     done = client.generate([256, 4, 5], max_new_tokens=3, ignore_eos=True)
     assert len(done["token_ids"]) == 3
 
-    # compute threads: the cores shared among the workers unless set; a change restarts each
+    # compute threads: on CPU, each worker's share of the cores (all of them while it computes
+    # alone) unless set; a change restarts each
     cores = len(os.sched_getaffinity(0))
-    assert [w["threads"] for w in status["workers"]] == [max(1, cores // 2)] * 2
+    assert [(w["threads"], w["threads_shared"]) for w in status["workers"]] == [(cores, True)] * 2
     threads = client.reconfigure({"workers": {"threads": 3}}, apply=True)
     assert sorted(threads["restart"]) == ["decode-0", "prefill-0"]
     deadline = time.monotonic() + 120
-    while [(w["state"], w["threads"]) for w in client.status()["workers"]] != [("ready", 3)] * 2:
+    while [(w["state"], w["threads"], w["threads_shared"])
+           for w in client.status()["workers"]] != [("ready", 3, False)] * 2:
         assert time.monotonic() < deadline, client.status()["workers"]
         time.sleep(0.2)
     with pytest.raises(RemoteError, match="workers.threads = 2,000 is out of range: must be between 0 and 1,024"):

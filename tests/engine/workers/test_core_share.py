@@ -1,0 +1,131 @@
+"""CoreShare: a worker computing alone takes every core, workers computing together divide
+them, an idle or stale worker gives its share back; and a real worker takes its share before
+each layer of a real forward pass and gives it back when it goes idle."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from engine.wire.protocol import Message
+from engine.workers.core_share import CHECK_S, FILE_NAME, STALE_S, CoreShare
+
+SLOTS = 128
+
+
+class Recorder:
+    def __init__(self):
+        self.calls: list[int] = []
+
+    def __call__(self, n: int) -> None:
+        self.calls.append(n)
+
+
+def share(tmp_path, slot: int, cores: int = 4) -> tuple[CoreShare, Recorder]:
+    rec = Recorder()
+    return CoreShare(tmp_path, slot, SLOTS, cores, set_threads=rec), rec
+
+
+def test_alone_a_worker_takes_every_core_and_with_others_an_equal_part(tmp_path):
+    a, rec_a = share(tmp_path, 0)
+    b, rec_b = share(tmp_path, 64)
+    c, _ = share(tmp_path, 65)
+    now = time.monotonic()
+    assert a.computing(now) == 4 and rec_a.calls == [4]
+    assert b.computing(now) == 2  # a computes: b takes half
+    assert a.computing(now + 2 * CHECK_S) == 2  # and a, at its next check, gives half up
+    c.computing(now + 2 * CHECK_S)
+    assert a.computing(now + 4 * CHECK_S) == 1  # three on four cores: one each, never more than the cores
+    assert rec_a.calls == [4, 2, 1]  # set only when the share changes
+    b.idle()
+    c.idle()
+    assert a.computing(now + 6 * CHECK_S) == 4
+    assert rec_b.calls == [2]
+
+
+def test_a_mark_older_than_stale_s_is_a_dead_worker_and_not_counted(tmp_path):
+    a, _ = share(tmp_path, 0, cores=2)
+    b, _ = share(tmp_path, 1, cores=2)
+    now = time.monotonic()
+    b.computing(now)  # ... and then b dies without going idle
+    assert a.computing(now + 0.1) == 1
+    assert a.computing(now + STALE_S + 0.1) == 2
+
+
+def test_the_others_are_read_at_most_every_check_s(tmp_path):
+    a, rec = share(tmp_path, 0, cores=2)
+    b, _ = share(tmp_path, 1, cores=2)
+    now = time.monotonic()
+    a.computing(now)
+    b.computing(now)
+    assert a.computing(now + CHECK_S / 2) == 2  # not read yet
+    assert a.computing(now + 2 * CHECK_S) == 1
+    assert rec.calls == [2, 1]
+
+
+def test_one_core_is_never_divided_below_one_thread(tmp_path):
+    a, _ = share(tmp_path, 0, cores=1)
+    b, _ = share(tmp_path, 1, cores=1)
+    now = time.monotonic()
+    b.computing(now)
+    assert a.computing(now) == 1
+
+
+def test_the_file_is_private_and_close_gives_the_share_back(tmp_path):
+    a, _ = share(tmp_path, 3, cores=2)
+    b, _ = share(tmp_path, 4, cores=2)
+    now = time.monotonic()
+    a.computing(now)
+    assert b.others_computing(now) == 1
+    a.close()
+    assert b.others_computing(now) == 0
+    assert (tmp_path / FILE_NAME).stat().st_mode & 0o077 == 0
+    assert (tmp_path / FILE_NAME).stat().st_size == SLOTS * 8
+
+
+@pytest.mark.parametrize("slot, cores, message", [
+    (128, 2, "core-share slot 128 is out of range: must be between 0 and 127"),
+    (-1, 2, "core-share slot -1 is out of range"),
+    (0, 0, "core-share cores 0 must be at least 1"),
+])
+def test_bad_slots_and_core_counts_are_refused_by_name(tmp_path, slot, cores, message):
+    with pytest.raises(ValueError, match=message):
+        CoreShare(tmp_path, slot, SLOTS, cores)
+
+
+def submit_prefill(worker, kv_endpoint: str, rid: str, slot: int, pages: list[int]) -> None:
+    prompt = [256, *range(40, 60)]
+    reservation = {"request_id": rid, "slot": slot, "epoch": 1, "tokens": len(prompt), "pages": pages,
+                   "page_epochs": [1] * len(pages)}
+    worker.handle(Message({"op": "prefill", "request_id": rid, "slot": slot, "prompt_ids": prompt,
+                           "params": {"max_new_tokens": 4, "temperature": 0.0},
+                           "target": {"endpoint": kv_endpoint, "reservation": reservation}}))
+
+
+def test_a_real_worker_takes_its_share_before_each_layer_and_gives_it_back_when_idle(prefill_rig, tmp_path):
+    bus, kv, kv_endpoint, worker = prefill_rig
+    assert worker.cores is not None  # CPU and `workers.threads` 0: the cores are shared
+    rec = Recorder()
+    worker.cores.close()
+    worker.cores = CoreShare(tmp_path, 0, SLOTS, 4, set_threads=rec)  # four cores, whatever this machine has
+    decode, _ = share(tmp_path, 64)
+    decode.computing()  # a decode worker computes: the prefill takes half
+    threads = torch.get_num_threads()
+    try:
+        submit_prefill(worker, kv_endpoint, "first", 1, [10, 11])
+        worker.work()
+        assert rec.calls == [2]
+        assert worker.cores.others_computing(time.monotonic()) == 1
+        assert decode.others_computing(time.monotonic()) == 1  # marked while it computed ...
+        assert not worker.computes_next()  # its one job is prefilled: shipping computes nothing
+        worker._cores_after_work()
+        assert decode.others_computing(time.monotonic()) == 0  # ... and idle once the loop sees it done
+        decode.idle()
+        submit_prefill(worker, kv_endpoint, "second", 2, [12, 13])
+        worker.cores._checked = -1.0  # the second forward may come sooner than CHECK_S
+        worker.work()
+        assert rec.calls == [2, 4]  # alone now: every core
+    finally:
+        torch.set_num_threads(threads)
