@@ -179,10 +179,12 @@ class WorkerLoop:
             self.send({"op": "isolation", "events": events})
 
     def close(self) -> None:
-        if self.cores is not None:
-            self.cores.close()
-        self.bus.close(linger=200)  # let the last messages (tokens, bye) leave
-        self.ctx.term()
+        try:
+            if self.cores is not None:
+                self.cores.close()
+        finally:
+            self.bus.close(linger=200)  # let the last messages (tokens, bye) leave
+            self.ctx.term()
 
     # ---- the role's part --------------------------------------------------------------
     def busy(self) -> bool:

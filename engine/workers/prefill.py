@@ -71,6 +71,7 @@ class PrefillWorker(WorkerLoop):
         self.pushes: dict[str, zmq.Socket] = {}
         self.generators: dict[str, torch.Generator] = {}
         self.sent_ids: deque[str] = deque(maxlen=4096)  # to answer a cancel that came too late
+        self._computed = False  # whether the last turn started a batch (computes_next)
         self.apply_guard(self.engine.config)
 
     def apply_guard(self, config) -> None:
@@ -81,7 +82,8 @@ class PrefillWorker(WorkerLoop):
         return bool(self.jobs or self.shipping)
 
     def computes_next(self) -> bool:
-        return bool(self.jobs)  # shipping pages to decode computes nothing
+        # shipping pages to decode computes nothing, nor waiting for free pages
+        return bool(self.jobs) and self._computed
 
     def handle(self, msg: Message) -> None:
         if msg.op == "prefill":
@@ -119,6 +121,7 @@ class PrefillWorker(WorkerLoop):
     def work(self) -> None:
         self._release_shipped()
         batch = self._start_batch()
+        self._computed = bool(batch)
         if not batch:
             return
         jobs = {job.request.request_id: job for job in batch}

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import pytest
+import torch
 import zmq
 
 from engine.config import EngineConfig
 from engine.workers.prefill import PrefillWorker
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """A worker built in this process takes its share of the cores (CoreShare sets torch's
+    threads): the next test gets the count it would have had."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

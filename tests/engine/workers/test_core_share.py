@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from engine.model.layers import DecoderLayer
 from engine.wire.protocol import Message
 from engine.workers.core_share import CHECK_S, FILE_NAME, STALE_S, CoreShare
 
@@ -37,20 +38,21 @@ def test_alone_a_worker_takes_every_core_and_with_others_an_equal_part(tmp_path)
     assert b.computing(now) == 2  # a computes: b takes half
     assert a.computing(now + 2 * CHECK_S) == 2  # and a, at its next check, gives half up
     c.computing(now + 2 * CHECK_S)
-    assert a.computing(now + 4 * CHECK_S) == 1  # three on four cores: one each, never more than the cores
-    assert rec_a.calls == [4, 2, 1]  # set only when the share changes
+    # three on four cores: the spare core to the lowest slot, never more than the cores
+    assert [w.computing(now + 4 * CHECK_S) for w in (a, b, c)] == [2, 1, 1]
+    assert rec_a.calls == [4, 2]  # set only when the share changes
     b.idle()
     c.idle()
     assert a.computing(now + 6 * CHECK_S) == 4
-    assert rec_b.calls == [2]
+    assert rec_b.calls == [2, 1]
 
 
 def test_a_mark_older_than_stale_s_is_a_dead_worker_and_not_counted(tmp_path):
     a, _ = share(tmp_path, 0, cores=2)
     b, _ = share(tmp_path, 1, cores=2)
     now = time.monotonic()
-    b.computing(now)  # ... and then b dies without going idle
-    assert a.computing(now + 0.1) == 1
+    b.computing(now)  # a long layer (a 4,096-token prefill) marks nothing for seconds ...
+    assert a.computing(now + 10.0) == 1  # ... and still computes; then b dies without going idle
     assert a.computing(now + STALE_S + 0.1) == 2
 
 
@@ -63,6 +65,29 @@ def test_the_others_are_read_at_most_every_check_s(tmp_path):
     assert a.computing(now + CHECK_S / 2) == 2  # not read yet
     assert a.computing(now + 2 * CHECK_S) == 1
     assert rec.calls == [2, 1]
+
+
+def test_the_cores_left_over_go_to_the_lowest_slots(tmp_path):
+    now = time.monotonic()
+    for cores, slots, want in [(3, (5, 9), [2, 1]), (8, (0, 1, 70), [3, 3, 2]), (2, (0, 1, 2), [1, 1, 1])]:
+        folder = tmp_path / f"{cores}-{len(slots)}"
+        folder.mkdir()
+        shares = [share(folder, slot, cores=cores)[0] for slot in slots]
+        for s in shares:
+            s._marks[s.slot] = now
+        got = [s.share(now) for s in shares]
+        assert got == want
+        assert sum(got) == max(cores, len(slots))  # every core used, never more (at least one each)
+
+
+def test_a_worker_restarted_in_a_slot_clears_the_mark_its_predecessor_left(tmp_path):
+    dead, _ = share(tmp_path, 7, cores=2)
+    other, _ = share(tmp_path, 8, cores=2)
+    now = time.monotonic()
+    dead.computing(now)  # ... and dies computing
+    assert other.share(now) == 1
+    share(tmp_path, 7, cores=2)  # its restart
+    assert other.share(now) == 2
 
 
 def test_one_core_is_never_divided_below_one_thread(tmp_path):
@@ -104,28 +129,48 @@ def submit_prefill(worker, kv_endpoint: str, rid: str, slot: int, pages: list[in
                            "target": {"endpoint": kv_endpoint, "reservation": reservation}}))
 
 
-def test_a_real_worker_takes_its_share_before_each_layer_and_gives_it_back_when_idle(prefill_rig, tmp_path):
+def test_a_real_worker_takes_its_share_before_its_first_layer_and_gives_it_back_when_idle(
+        prefill_rig, tmp_path, monkeypatch):
     bus, kv, kv_endpoint, worker = prefill_rig
     assert worker.cores is not None  # CPU and `workers.threads` 0: the cores are shared
-    rec = Recorder()
     worker.cores.close()
-    worker.cores = CoreShare(tmp_path, 0, SLOTS, 4, set_threads=rec)  # four cores, whatever this machine has
+    worker.cores = CoreShare(tmp_path, 0, SLOTS, 4)  # four cores, whatever this machine has (torch allows it)
+    seen = []  # the threads each layer ran with
+    real = DecoderLayer.forward
+
+    def forward(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DecoderLayer, "forward", forward)
+    layers = len(worker.engine.model.decoder.model.layers)
     decode, _ = share(tmp_path, 64)
-    decode.computing()  # a decode worker computes: the prefill takes half
-    threads = torch.get_num_threads()
-    try:
-        submit_prefill(worker, kv_endpoint, "first", 1, [10, 11])
-        worker.work()
-        assert rec.calls == [2]
-        assert worker.cores.others_computing(time.monotonic()) == 1
-        assert decode.others_computing(time.monotonic()) == 1  # marked while it computed ...
-        assert not worker.computes_next()  # its one job is prefilled: shipping computes nothing
-        worker._cores_after_work()
-        assert decode.others_computing(time.monotonic()) == 0  # ... and idle once the loop sees it done
-        decode.idle()
-        submit_prefill(worker, kv_endpoint, "second", 2, [12, 13])
-        worker.cores._checked = -1.0  # the second forward may come sooner than CHECK_S
-        worker.work()
-        assert rec.calls == [2, 4]  # alone now: every core
-    finally:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(1)
+    decode.computing()  # a decode worker computes: the prefill takes half, from its first layer on
+    submit_prefill(worker, kv_endpoint, "first", 1, [10, 11])
+    worker.work()
+    assert seen == [2] * layers
+    assert decode.others_computing(time.monotonic()) == 1  # marked while it computed ...
+    assert not worker.computes_next()  # its one job is prefilled: shipping computes nothing
+    worker._cores_after_work()
+    assert decode.others_computing(time.monotonic()) == 0  # ... and idle once the loop sees it done
+
+    decode.idle()
+    seen.clear()
+    submit_prefill(worker, kv_endpoint, "second", 2, [12, 13])
+    worker.cores._checked = -1.0  # the second forward may come sooner than CHECK_S
+    worker.work()
+    assert seen == [4] * layers  # alone now: every core
+
+
+def test_a_prefill_worker_waiting_for_free_pages_computes_nothing(prefill_rig, tmp_path):
+    bus, kv, kv_endpoint, worker = prefill_rig
+    pool = worker.engine.pool
+    held = pool.allocate(99, pool.free_pages)  # the pool is full: the job waits
+    submit_prefill(worker, kv_endpoint, "waits", 1, [10, 11])
+    worker.work()
+    assert worker.jobs and worker.busy()
+    assert not worker.computes_next()  # so the decode worker may have every core meanwhile
+    pool.free(99, held.pages)
+    worker.work()
+    assert not worker.jobs
