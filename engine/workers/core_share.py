@@ -10,6 +10,13 @@ concurrent: 1.47x the tokens/s of one thread per worker), and a prefill beside i
 because the threads of all computing workers together must not outnumber the cores: OpenMP's
 waiting threads would spin against each other.
 
+Processes other than these workers are not in the file, and OpenMP suffers them badly: beside
+one busy core, a decode step with two threads took 2.5x the time of one thread (a thread waits
+at each op's end for its partner, which the busy process keeps off the CPU). So a worker also
+watches its own CPU time while it computes with several threads (CrowdGauge): when the
+process got much less than wall time x threads, another process holds cores it counts on, and
+it computes with the cores it did get until a later probe finds them free again.
+
 A mark stays until the worker goes idle, however long its layer (a prefill layer of 4,096
 tokens can take seconds); one older than the supervisor's heartbeat timeout is not counted,
 so a worker that died or hung while computing gives its share back (a hung one is killed by
@@ -34,11 +41,57 @@ from engine.server.worker_pool import HEARTBEAT_TIMEOUT_S
 FILE_NAME = "core-share"
 STALE_S = HEARTBEAT_TIMEOUT_S  # a mark this old is a worker that died or hung while computing
 CHECK_S = 0.005  # the others' marks are read at most this often (a layer may take 50 us)
+CROWDED = 0.85  # CPU time / (wall time x threads) below this: another process holds our cores
+WINDOW_S = 0.25  # computing this long with the same threads (> 1) gives one reading
+BACKOFF_S = (2.0, 32.0)  # a crowded reading caps the threads this long, doubled while it stays crowded
+
+
+class CrowdGauge:
+    """Whether processes this worker cannot see hold the cores it computes on: its CPU time
+    against wall time x threads, over windows of WINDOW_S of computing. On 2 cores, threads
+    that all run give 0.99; beside one busy process, 0.61-0.65."""
+
+    def __init__(self, cpu_time: Callable[[], float] = time.process_time):
+        self._cpu_time = cpu_time
+        self.cap: int | None = None  # at most this many threads until `until`
+        self.until = -math.inf
+        self.backoff = BACKOFF_S[0]
+        self._window: tuple[float, float, int] | None = None  # (wall, cpu, threads) at its start
+
+    def limit(self, now: float, share: int) -> int:
+        if self.cap is not None and now >= self.until:
+            self.cap = None  # probe the whole share again
+        return share if self.cap is None else min(share, self.cap)
+
+    def observe(self, now: float, threads: int) -> None:
+        """At a check while computing with `threads`."""
+        if threads <= 1:  # one thread waits for nobody
+            self._window = None
+            return
+        cpu = self._cpu_time()
+        if self._window is None or self._window[2] != threads:
+            self._window = (now, cpu, threads)
+            return
+        wall = now - self._window[0]
+        if wall < WINDOW_S:
+            return
+        used = (cpu - self._window[1]) / wall  # cores this process got
+        self._window = (now, cpu, threads)
+        if used < CROWDED * threads:
+            self.cap, self.until = max(1, int(used)), now + self.backoff
+            self.backoff = min(2 * self.backoff, BACKOFF_S[1])
+        elif self.cap is None:
+            self.backoff = BACKOFF_S[0]
+
+    def pause(self) -> None:
+        """Idle: wall time without computing is no reading."""
+        self._window = None
 
 
 class CoreShare:
     def __init__(self, run_dir: str | Path, slot: int, slots: int, cores: int,
-                 set_threads: Callable[[int], None] = torch.set_num_threads):
+                 set_threads: Callable[[int], None] = torch.set_num_threads,
+                 cpu_time: Callable[[], float] = time.process_time):
         if not 0 <= slot < slots:
             raise ValueError(f"core-share slot {slot} is out of range: must be between 0 and {slots - 1}")
         if cores < 1:
@@ -55,6 +108,7 @@ class CoreShare:
         self._marks = np.frombuffer(self._map, dtype=np.float64)
         self._marks[slot] = 0.0  # a worker restarted in this slot: the one before may have died computing
         self.threads = 0  # what this worker last set (0: not yet)
+        self.crowd = CrowdGauge(cpu_time)
         self._checked = -math.inf
 
     def _computing(self, now: float) -> np.ndarray:
@@ -80,7 +134,8 @@ class CoreShare:
         self._marks[self.slot] = now
         if now - self._checked >= CHECK_S:
             self._checked = now
-            threads = self.share(now)
+            self.crowd.observe(now, self.threads)
+            threads = self.crowd.limit(now, self.share(now))
             if threads != self.threads:
                 self._set_threads(threads)
                 self.threads = threads
@@ -89,6 +144,7 @@ class CoreShare:
     def idle(self) -> None:
         """This worker computes nothing until its next mark: the others may have its cores."""
         self._marks[self.slot] = 0.0
+        self.crowd.pause()
 
     def close(self) -> None:
         if self._map.closed:

@@ -174,3 +174,61 @@ def test_a_prefill_worker_waiting_for_free_pages_computes_nothing(prefill_rig, t
     pool.free(99, held.pages)
     worker.work()
     assert not worker.jobs
+
+
+class FakeCpu:
+    """process_time() of a process that gets `rate` cores of CPU per second of wall time."""
+
+    def __init__(self):
+        self.rate, self.cpu, self.wall = 2.0, 0.0, 0.0
+
+    def at(self, wall: float) -> None:
+        self.cpu += (wall - self.wall) * self.rate
+        self.wall = wall
+
+    def __call__(self) -> float:
+        return self.cpu
+
+
+def run_for(worker: CoreShare, cpu: FakeCpu, start: float, seconds: float) -> list[int]:
+    """Compute for `seconds` of fake wall time, a layer every 10 ms: the threads at each layer."""
+    threads = []
+    for i in range(int(seconds / 0.01)):
+        now = start + i * 0.01
+        cpu.at(now)
+        threads.append(worker.computing(now))
+    return threads
+
+
+def test_another_process_on_the_cores_makes_a_worker_compute_with_the_cores_it_gets(tmp_path):
+    cpu = FakeCpu()
+    rec = Recorder()
+    worker = CoreShare(tmp_path, 0, SLOTS, 2, set_threads=rec, cpu_time=cpu)
+    assert set(run_for(worker, cpu, 100.0, 1.0)) == {2}  # every thread ran: 2 cores of CPU per second
+    cpu.rate = 1.3  # a busy process takes half of one core (measured: 1.21-1.29 cores with two threads)
+    got = run_for(worker, cpu, 101.0, 1.0)
+    assert got[:20] == [2] * 20 and got[-1] == 1  # one window of 0.25 s, then the cores it got
+    assert worker.crowd.cap == 1 and rec.calls == [2, 1]
+    cpu.rate = 1.0
+    got = run_for(worker, cpu, 102.0, 1.2)  # one thread waits for nobody: no reading, the cap holds
+    assert set(got) == {1}
+    cpu.rate = 1.3
+    got = run_for(worker, cpu, 103.2, 2.0)  # the cap ends 2 s after it began: a probe with both, still crowded
+    assert 2 in got and got[-1] == 1 and worker.crowd.backoff == 8.0  # so the next cap lasts 4 s, then 8
+    cpu.rate = 2.0  # the other process is gone
+    got = run_for(worker, cpu, 105.2, 2.0)
+    assert set(got) == {1}  # still within the 4 s cap
+    got = run_for(worker, cpu, 107.2, 2.0)
+    assert got[-1] == 2 and worker.crowd.cap is None and worker.crowd.backoff == 2.0
+
+
+def test_idle_time_is_no_reading_and_a_quiet_machine_never_caps(tmp_path):
+    cpu = FakeCpu()
+    worker = CoreShare(tmp_path, 0, SLOTS, 2, set_threads=Recorder(), cpu_time=cpu)
+    for start in range(100, 110):
+        run_for(worker, cpu, float(start), 0.2)  # compute 0.2 s, then 0.8 s idle: no CPU used meanwhile
+        cpu.rate = 0.0
+        cpu.at(start + 1.0)
+        cpu.rate = 2.0
+        worker.idle()
+    assert worker.crowd.cap is None and worker.threads == 2
