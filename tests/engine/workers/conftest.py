@@ -7,6 +7,7 @@ import torch
 import zmq
 
 from engine.config import EngineConfig
+from engine.wire.protocol import Message
 from engine.workers.prefill import PrefillWorker
 
 
@@ -42,3 +43,13 @@ def prefill_rig(tmp_path):
 def worker_config() -> EngineConfig:
     return EngineConfig().replace(model={"device": "cpu", "dtype": "float32"}, engine={"kernels": "torch"},
                                   canaries={"enabled": False})
+
+
+def submit_prefill(worker, kv_endpoint: str, rid: str = "long", slot: int = 1, pages=(10, 11)) -> None:
+    """Hand the worker one prefill job of a 21-token prompt, its pages reserved at `kv_endpoint`."""
+    prompt = [256, *range(40, 60)]
+    reservation = {"request_id": rid, "slot": slot, "epoch": 1, "tokens": len(prompt), "pages": list(pages),
+                   "page_epochs": [1] * len(pages)}
+    worker.handle(Message({"op": "prefill", "request_id": rid, "slot": slot, "prompt_ids": prompt,
+                           "params": {"max_new_tokens": 4, "temperature": 0.0},
+                           "target": {"endpoint": kv_endpoint, "reservation": reservation}}))

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from engine.model.layers import DecoderLayer
-from engine.wire.protocol import Message
 from engine.workers.core_share import CHECK_S, FILE_NAME, STALE_S, CoreShare
+from tests.engine.workers.conftest import submit_prefill
 
 SLOTS = 128
 
@@ -118,15 +118,6 @@ def test_the_file_is_private_and_close_gives_the_share_back(tmp_path):
 def test_bad_slots_and_core_counts_are_refused_by_name(tmp_path, slot, cores, message):
     with pytest.raises(ValueError, match=message):
         CoreShare(tmp_path, slot, SLOTS, cores)
-
-
-def submit_prefill(worker, kv_endpoint: str, rid: str, slot: int, pages: list[int]) -> None:
-    prompt = [256, *range(40, 60)]
-    reservation = {"request_id": rid, "slot": slot, "epoch": 1, "tokens": len(prompt), "pages": pages,
-                   "page_epochs": [1] * len(pages)}
-    worker.handle(Message({"op": "prefill", "request_id": rid, "slot": slot, "prompt_ids": prompt,
-                           "params": {"max_new_tokens": 4, "temperature": 0.0},
-                           "target": {"endpoint": kv_endpoint, "reservation": reservation}}))
 
 
 def test_a_real_worker_takes_its_share_before_its_first_layer_and_gives_it_back_when_idle(

@@ -14,7 +14,8 @@ import pytest
 
 import engine.workers.loop as worker_loop
 from engine.model.layers import DecoderLayer
-from engine.wire.protocol import Message, pack, unpack
+from engine.wire.protocol import pack, unpack
+from tests.engine.workers.conftest import submit_prefill
 
 LAYER_S = 0.3
 
@@ -28,15 +29,6 @@ def slow_layers(monkeypatch):
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(DecoderLayer, "forward", forward)
-
-
-def submit_prefill(worker, kv_endpoint: str) -> None:
-    prompt = [256, *range(40, 60)]
-    reservation = {"request_id": "long", "slot": 1, "epoch": 1, "tokens": len(prompt), "pages": [10, 11],
-                   "page_epochs": [1, 1]}
-    worker.handle(Message({"op": "prefill", "request_id": "long", "slot": 1, "prompt_ids": prompt,
-                           "params": {"max_new_tokens": 4, "temperature": 0.0},
-                           "target": {"endpoint": kv_endpoint, "reservation": reservation}}))
 
 
 def test_heartbeats_keep_going_inside_a_long_forward_pass(prefill_rig, slow_layers, monkeypatch):
