@@ -31,10 +31,9 @@ class CausalDecoder(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryTable(cfg.head_dim, cfg.rope_theta, max_positions)
         # called at each layer boundary of every forward pass (before each layer and after
-        # the last): a worker process answers its
-        # supervisor's liveness check from there, so a long prefill on CPU (a 2,000-token
-        # prompt on a 135M model: 22 s) is not taken for a hung worker, and takes its share
-        # of the cores (engine/workers/core_share.py)
+        # the last): a worker process answers its supervisor's liveness check from there, so
+        # a long prefill on CPU (a 2,000-token prompt on a 135M model: 22 s) is not taken for
+        # a hung worker, and takes its share of the cores (engine/workers/core_share.py)
         self.at_layer_boundary: Callable[[], None] | None = None
 
     @property

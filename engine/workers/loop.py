@@ -110,7 +110,7 @@ class WorkerLoop:
 
     def _heartbeat_if_due(self, now: float | None = None) -> None:
         """The heartbeat, at most every HEARTBEAT_S: from the loop between steps, and from
-        inside a forward pass after each layer (this thread, this socket)."""
+        inside a forward pass at each layer boundary (this thread, this socket)."""
         now = time.monotonic() if now is None else now
         if now - self._last_heartbeat >= HEARTBEAT_S:
             self._last_heartbeat = now
