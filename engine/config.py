@@ -33,6 +33,14 @@ CPU_WEIGHT_LAYOUTS = ("packed", "plain")  # engine/model/cpu_linear.py
 MAX_TOKENS = 1 << 31  # page tables and kernels index tokens with int32
 WORKER_ROLES = ("prefill", "decode")  # the worker processes' roles, in start order
 MAX_WORKERS_PER_ROLE = 64  # prefill (and decode) worker processes of one supervisor
+CORE_SLOTS = len(WORKER_ROLES) * MAX_WORKERS_PER_ROLE  # slots of the core-share file (engine/workers/core_share.py)
+
+
+def core_slot(role: str, index: int) -> int:
+    """The core-share slot of worker `index` of `role`: one per worker a supervisor can hold."""
+    if not 0 <= index < MAX_WORKERS_PER_ROLE:
+        raise ValueError(f"worker index {index} is out of range: at most {MAX_WORKERS_PER_ROLE} per role")
+    return WORKER_ROLES.index(role) * MAX_WORKERS_PER_ROLE + index
 
 
 @dataclass(frozen=True)
@@ -115,9 +123,10 @@ class WorkersSection:
     # A request no worker of a role can take (none ready) fails after this long with the
     # reason; at once when none of that role can come back (stopped, or crashed for good).
     unplaced_timeout_s: int = 60
-    # Compute threads of each worker process (torch/OpenMP). 0: on CPU, the cores this process
-    # may use, divided before each layer among the workers computing at that moment (all of
-    # them for a worker computing alone; engine/workers/core_share.py); on a GPU, the cores
+    # Compute threads of each worker process (torch/OpenMP). 0: on CPU, for a model with 8 MiB
+    # of projection weights or more, the cores this process may use, divided before each layer
+    # among the workers computing at that moment (all of them for a worker computing alone;
+    # engine/workers/core_share.py); for a smaller model on CPU, and on a GPU, the cores
     # divided among the workers once. More threads than cores across processes make OpenMP's
     # waiting threads spin against each other: beside one busy core, the e2e scenarios took
     # 262 s with two threads per worker, 167 s with one.

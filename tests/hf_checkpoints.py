@@ -45,7 +45,7 @@ def write_random_checkpoint(out: Path, *, arch: str, seed: int = 7, max_shard_si
     greedy comparisons depend on float rounding rather than on correctness.
     """
     config_cls, model_cls = _hf_classes(arch)
-    config = config_cls(**COMMON, **overrides, initializer_range=0.15,
+    config = config_cls(**{**COMMON, **overrides}, initializer_range=0.15,
                         rope_parameters={"rope_type": "default", "rope_theta": rope_theta})
     torch.manual_seed(seed)
     model = model_cls(config).eval()

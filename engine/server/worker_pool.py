@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.config import MAX_WORKERS_PER_ROLE, WORKER_ROLES
+from engine.config import WORKER_ROLES, core_slot
 from engine.server.worker_handle import WorkerHandle, WorkerState
 
 HEARTBEAT_TIMEOUT_S = 30.0  # only for hung workers: a dead one is seen at once by its exit
@@ -43,10 +43,9 @@ class WorkerPool:
         self._restart_after_stop: set[str] = set()
         self._stop_deadline: dict[str, float] = {}
         self.handles: dict[str, WorkerHandle] = {}
-        for r, role in enumerate(WORKER_ROLES):
+        for role in WORKER_ROLES:
             for i in range(counts.get(role, 0)):
-                self.handles[f"{role}-{i}"] = WorkerHandle(f"{role}-{i}", role, run_dir,
-                                                           core_slot=r * MAX_WORKERS_PER_ROLE + i)
+                self.handles[f"{role}-{i}"] = WorkerHandle(f"{role}-{i}", role, run_dir, core_slot=core_slot(role, i))
 
     # ---- lookups ----------------------------------------------------------------------
     def __getitem__(self, name: str) -> WorkerHandle:

@@ -17,6 +17,16 @@ watches its own CPU time while it computes with several threads (CrowdGauge): wh
 process got much less than wall time x threads, another process holds cores it counts on, and
 it computes with the cores it did get until a later probe finds them free again.
 
+Sharing pays only for a model whose step is big enough (`worth_sharing`: its projection
+weights total SHARE_MIN_BYTES or more). Served, the supervisor, the HTTP front and the clients
+run at every token beside the workers. In process a second thread sped up even the default
+copy model (2.4 MiB of weights: 1.05x at batch 1, 1.21x at 16), but served it lost 4-6%
+(4 interleaved rounds). Shared against one thread per worker, served: 3.1 and 6.1 MiB,
+0.90-1.17x (medians by case), within this machine's noise; 12.2 MiB (hidden 192, 8 layers),
+0.88-1.41x; 22.8 MiB, 1.00-1.45x; 30 MiB and more, 1.2-1.66x (bench/RESULTS.md, 2026-12-06).
+A smaller model keeps one fixed part per worker, which also cannot collapse beside a foreign
+process.
+
 A mark stays until the worker goes idle, however long its layer (a prefill layer of 4,096
 tokens can take seconds); one older than the supervisor's heartbeat timeout is not counted,
 so a worker that died or hung while computing gives its share back (a hung one is killed by
@@ -35,7 +45,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
+from engine.model.cpu_linear import projection_bytes
 from engine.server.worker_pool import HEARTBEAT_TIMEOUT_S
 
 FILE_NAME = "core-share"
@@ -44,6 +56,13 @@ CHECK_S = 0.005  # the others' marks are read at most this often (a layer may ta
 CROWDED = 0.85  # CPU time / (wall time x threads) below this: another process holds our cores
 WINDOW_S = 0.25  # computing this long with the same threads (> 1) gives one reading
 BACKOFF_S = (2.0, 32.0)  # a crowded reading caps the threads this long, doubled while it stays crowded
+SHARE_MIN_BYTES = 8 << 20  # a model shares the cores when its projection weights total at least this
+
+
+def worth_sharing(model: nn.Module) -> bool:
+    """Whether a step of this model is big enough to gain, served, from more threads than
+    its worker's fixed part (measured; see the module docstring)."""
+    return projection_bytes(model) >= SHARE_MIN_BYTES
 
 
 class CrowdGauge:

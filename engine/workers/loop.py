@@ -10,12 +10,12 @@ from collections import deque
 import torch
 import zmq
 
-from engine.config import MAX_WORKERS_PER_ROLE, WORKER_ROLES, EngineConfig
+from engine.config import CORE_SLOTS, EngineConfig
 from engine.core import Engine
 from engine.errors import PageWardenError
 from engine.wire.protocol import Message, ProtocolError, pack, page_arrays, unpack
 from engine.wire.sockets import drain, harden
-from engine.workers.core_share import CoreShare
+from engine.workers.core_share import CoreShare, worth_sharing
 from engine.workers.page_telemetry import PageTelemetry
 
 HEARTBEAT_S = 0.5
@@ -33,9 +33,11 @@ class WorkerLoop:
         self.bus.setsockopt(zmq.IDENTITY, name.encode())
         self.bus.connect(bus_endpoint)
         self.engine = Engine(config, pool=self.role, pool_name=name)
-        # a CPU worker with `workers.threads` 0 takes its share of the cores before each layer
-        shared = config.workers.threads == 0 and self.engine.pool.device.type == "cpu"
-        self.cores = (CoreShare(run_dir, core_slot, len(WORKER_ROLES) * MAX_WORKERS_PER_ROLE,
+        # a CPU worker with `workers.threads` 0 takes its share of the cores before each layer,
+        # for a model big enough to gain from it (a smaller one keeps its fixed part)
+        shared = (config.workers.threads == 0 and self.engine.pool.device.type == "cpu"
+                  and worth_sharing(self.engine.model.decoder))
+        self.cores = (CoreShare(run_dir, core_slot, CORE_SLOTS,
                                 len(os.sched_getaffinity(0))) if shared else None)
         self.engine.model.decoder.at_layer_boundary = self._at_layer_boundary  # alive inside long forwards too
         self.telemetry = PageTelemetry(self.engine.pool, self.role)

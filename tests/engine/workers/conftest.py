@@ -8,6 +8,7 @@ import zmq
 
 from engine.config import EngineConfig
 from engine.wire.protocol import Message
+from engine.workers import core_share
 from engine.workers.prefill import PrefillWorker
 
 
@@ -23,7 +24,19 @@ def _torch_threads_restored():
 @pytest.fixture
 def prefill_rig(tmp_path):
     """A real PrefillWorker with the supervisor's side of its bus and a decode worker's KV
-    socket, both on ipc: (bus, kv, kv_endpoint, worker)."""
+    socket, both on ipc: (bus, kv, kv_endpoint, worker). The default copy model: its
+    projections are too small for shared cores, so `worker.cores` is None."""
+    yield from _rig(tmp_path)
+
+
+@pytest.fixture
+def shared_prefill_rig(tmp_path, monkeypatch):
+    """prefill_rig with the copy model counted big enough to share the cores."""
+    monkeypatch.setattr(core_share, "SHARE_MIN_BYTES", 0)
+    yield from _rig(tmp_path)
+
+
+def _rig(tmp_path):
     ctx = zmq.Context()
     bus = ctx.socket(zmq.ROUTER)
     bus.bind(f"ipc://{tmp_path}/bus")

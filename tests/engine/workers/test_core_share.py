@@ -8,12 +8,15 @@ import time
 
 import pytest
 import torch
+from torch import nn
 
+from engine.config import CORE_SLOTS, MAX_WORKERS_PER_ROLE, WORKER_ROLES, core_slot
+from engine.model.cpu_linear import pack_linears, packing_available, projection_bytes
 from engine.model.layers import DecoderLayer
-from engine.workers.core_share import CHECK_S, FILE_NAME, STALE_S, CoreShare
+from engine.workers.core_share import CHECK_S, FILE_NAME, SHARE_MIN_BYTES, STALE_S, CoreShare, worth_sharing
 from tests.engine.workers.conftest import submit_prefill
 
-SLOTS = 128
+SLOTS = CORE_SLOTS
 
 
 class Recorder:
@@ -110,6 +113,13 @@ def test_the_file_is_private_and_close_gives_the_share_back(tmp_path):
     assert (tmp_path / FILE_NAME).stat().st_size == SLOTS * 8
 
 
+def test_every_worker_a_supervisor_can_hold_has_its_own_slot_in_the_file():
+    slots = [core_slot(role, i) for role in WORKER_ROLES for i in range(MAX_WORKERS_PER_ROLE)]
+    assert sorted(slots) == list(range(CORE_SLOTS))
+    with pytest.raises(ValueError, match=f"worker index {MAX_WORKERS_PER_ROLE} is out of range"):
+        core_slot("decode", MAX_WORKERS_PER_ROLE)
+
+
 @pytest.mark.parametrize("slot, cores, message", [
     (128, 2, "core-share slot 128 is out of range: must be between 0 and 127"),
     (-1, 2, "core-share slot -1 is out of range"),
@@ -121,8 +131,8 @@ def test_bad_slots_and_core_counts_are_refused_by_name(tmp_path, slot, cores, me
 
 
 def test_a_real_worker_takes_its_share_before_its_first_layer_and_gives_it_back_when_idle(
-        prefill_rig, tmp_path, monkeypatch):
-    bus, kv, kv_endpoint, worker = prefill_rig
+        shared_prefill_rig, tmp_path, monkeypatch):
+    bus, kv, kv_endpoint, worker = shared_prefill_rig
     assert worker.cores is not None  # CPU and `workers.threads` 0: the cores are shared
     worker.cores.close()
     worker.cores = CoreShare(tmp_path, 0, SLOTS, 4)  # four cores, whatever this machine has (torch allows it)
@@ -152,6 +162,25 @@ def test_a_real_worker_takes_its_share_before_its_first_layer_and_gives_it_back_
     worker.cores._checked = -1.0  # the second forward may come sooner than CHECK_S
     worker.work()
     assert seen == [4] * layers  # alone now: every core
+
+
+def test_the_copy_models_worker_keeps_a_fixed_part_of_the_cores(prefill_rig):
+    worker = prefill_rig[3]
+    assert projection_bytes(worker.engine.model.decoder) < SHARE_MIN_BYTES  # 2.4 MiB
+    assert worker.cores is None
+    assert worker.hello()["threads_shared"] is False
+
+
+def test_worth_sharing_counts_every_projection_plain_or_packed_and_nothing_else():
+    side = 1024  # a 1024 x 1024 float32 weight: 4 MiB; SHARE_MIN_BYTES is two of them
+    assert SHARE_MIN_BYTES == 2 * side * side * 4
+    two = nn.Sequential(nn.Linear(side, side, bias=False), nn.Linear(side, side, bias=False))
+    assert worth_sharing(two)
+    assert not worth_sharing(nn.Sequential(nn.Linear(side, side), nn.Linear(side, side - 1)))
+    assert not worth_sharing(nn.Sequential(nn.Embedding(2 * side, side), nn.Linear(8, 8)))  # a lookup, not a product
+    if packing_available():
+        packed = nn.Sequential(nn.Linear(side, side), nn.Linear(side, side))
+        assert pack_linears(packed, min_bytes=0) == 2 and worth_sharing(packed)
 
 
 def test_a_prefill_worker_waiting_for_free_pages_computes_nothing(prefill_rig, tmp_path):
