@@ -1,6 +1,6 @@
 """A random-weight Llama of SmolLM-135M's shape, for benches that need a real model's cost:
 
-    python bench/make_random_llama.py [--out DIR] [--seed N] [--force]
+    python bench/make_random_llama.py [--out DIR] [--seed N] [--force] [--set KEY=INT ...]
 
 writes build/models/random-llama-135m/ (git-ignored): hidden 576, 30 layers, 9 attention
 heads over 3 KV heads (head_dim 64), intermediate 1536, vocabulary 49,152, float32
@@ -175,6 +175,23 @@ def write_checkpoint(out: Path = DEFAULT_OUT, *, seed: int = DEFAULT_SEED, overr
     return True
 
 
+def shape_overrides(pairs: list[str]) -> dict[str, int]:
+    """["hidden_size=192", ...] -> {"hidden_size": 192, ...}: integer fields of CONFIG only."""
+    out = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if not isinstance(CONFIG.get(key), int) or isinstance(CONFIG.get(key), bool):
+            ints = ", ".join(k for k, v in CONFIG.items() if isinstance(v, int) and not isinstance(v, bool))
+            raise ValueError(f"--set {pair!r}: {key!r} is not an integer field of the config ({ints})")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            raise ValueError(f"--set {pair!r}: {value!r} is not an integer") from None
+        if out[key] < 1:
+            raise ValueError(f"--set {pair!r}: must be at least 1")
+    return out
+
+
 def greedy_check(out: Path, prompts: int = 3, prompt_len: int = 16, new: int = 32) -> list[list[int]]:
     """Greedy continuations of seeded random prompts through our engine's unpaged dense
     reference (CPU): what `--check` prints."""
@@ -201,8 +218,14 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
     p.add_argument("--force", action="store_true", help="rewrite even when it is there already")
     p.add_argument("--check", action="store_true", help="print greedy continuations of 3 random prompts")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=INT",
+                   help="another shape: integer config fields, e.g. hidden_size=192 num_hidden_layers=8")
     args = p.parse_args()
-    wrote = write_checkpoint(args.out, seed=args.seed, force=args.force)
+    try:
+        overrides = shape_overrides(args.set)
+    except ValueError as exc:
+        p.error(str(exc))
+    wrote = write_checkpoint(args.out, seed=args.seed, overrides=overrides, force=args.force)
     print(f"{'wrote' if wrote else 'already there (use --force to rewrite)'}: {args.out}")
     if args.check:
         for ids in greedy_check(args.out):

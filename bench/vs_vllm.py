@@ -3,12 +3,13 @@ here, one at a time:
 
     make vllm-venv                        # once: vLLM's CPU build in .venv-vllm (or set PAGEWARDEN_VLLM_PYTHON)
     .venv/bin/python bench/make_random_llama.py   # once, for --model llama135m (or let this bench write it)
-    .venv/bin/python bench/vs_vllm.py [--model copy|llama135m ...] [--reps 5] [--quick] [--json PATH]
+    .venv/bin/python bench/vs_vllm.py [--model copy|llama135m|DIR ...] [--reps 5] [--quick] [--json PATH]
                                       [--only vllm|ours] [--rounds N] [--pin] [--ours-threads N]
 
 Checkpoints: `copy` = resources/models/pagewarden-copy (2 layers, 272 ids), `llama135m` =
 build/models/random-llama-135m (SmolLM-135M's shape, random weights; bench/make_random_llama.py,
-written here when missing). Default: both.
+written here when missing), or any checkpoint directory (for example one written by
+`make_random_llama.py --out DIR --set hidden_size=192 ...`). Default: copy and llama135m.
 
 For each checkpoint, each server (vLLM via tests/vllm/vllm_server.py, ours via `serve --http-port 0`
 with canaries off) is started, warmed up, then measured with `POST /v1/completions` at concurrency
@@ -477,8 +478,22 @@ def jsonable(obj):
     return obj
 
 
+def checkpoint(name: str) -> tuple[Path, tuple[int, int]]:
+    """A named checkpoint, or a checkpoint directory (prompt ids drawn from its whole
+    vocabulary, its special ids left out)."""
+    if name in CHECKPOINTS:
+        return CHECKPOINTS[name]
+    model_dir = Path(name)
+    try:
+        vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise BenchError(f"--model {name!r} is neither one of {', '.join(sorted(CHECKPOINTS))} "
+                         f"nor a checkpoint directory with a config.json naming vocab_size ({exc})") from exc
+    return model_dir, (0, vocab)
+
+
 def bench_checkpoint(name: str, args, pin, work: Path) -> dict:
-    model_dir, (low, high) = CHECKPOINTS[name]
+    model_dir, (low, high) = checkpoint(name)
     ensure_checkpoint(name, model_dir)
     prompts = make_prompts(max(args.concurrency), args.prompt, low, high, exclude=special_ids(model_dir),
                            seed=args.seed)
@@ -504,7 +519,8 @@ def bench_checkpoint(name: str, args, pin, work: Path) -> dict:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", nargs="+", choices=sorted(CHECKPOINTS), default=["copy", "llama135m"])
+    p.add_argument("--model", nargs="+", default=["copy", "llama135m"],
+                   help=f"{' | '.join(sorted(CHECKPOINTS))} | a checkpoint directory (default: copy llama135m)")
     p.add_argument("--reps", type=int, default=None, help="default 5 (--quick: 1)")
     p.add_argument("--rounds", type=int, default=1, help="alternate whole server runs this many times")
     p.add_argument("--concurrency", type=int, nargs="+", default=None, help="default 1 16 64 (--quick: 1 16)")

@@ -276,3 +276,24 @@ def test_the_135m_shape():
     assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
             cfg["head_dim"], cfg["intermediate_size"], cfg["vocab_size"]) == (576, 30, 9, 3, 64, 1536, 49152)
     assert vs.CHECKPOINTS["llama135m"][0] == mk.DEFAULT_OUT
+
+
+def test_shape_overrides_take_integer_fields_and_name_what_is_wrong():
+    assert mk.shape_overrides(["hidden_size=192", "num_hidden_layers=8"]) == {"hidden_size": 192,
+                                                                              "num_hidden_layers": 8}
+    with pytest.raises(ValueError, match="'hidden' is not an integer field of the config"):
+        mk.shape_overrides(["hidden=192"])
+    with pytest.raises(ValueError, match="'model_type' is not an integer field"):
+        mk.shape_overrides(["model_type=7"])
+    with pytest.raises(ValueError, match="'x' is not an integer"):
+        mk.shape_overrides(["hidden_size=x"])
+    with pytest.raises(ValueError, match="must be at least 1"):
+        mk.shape_overrides(["num_hidden_layers=0"])
+
+
+def test_a_checkpoint_directory_is_a_model_and_anything_else_is_named(tmp_path):
+    mk.write_checkpoint(tmp_path / "m", seed=1, overrides=TINY)
+    assert vs.checkpoint(str(tmp_path / "m")) == (tmp_path / "m", (0, 300))
+    assert vs.checkpoint("copy") == vs.CHECKPOINTS["copy"]
+    with pytest.raises(vs.BenchError, match="'nowhere' is neither one of copy, llama135m nor a checkpoint"):
+        vs.checkpoint("nowhere")
