@@ -20,10 +20,12 @@ it computes with the cores it did get until a later probe finds them free again.
 Sharing pays only for a model whose step is big enough (`worth_sharing`: its projection
 weights total SHARE_MIN_BYTES or more). Served, the supervisor, the HTTP front and the clients
 run at every token beside the workers. In process a second thread sped up even the default
-copy model (2.4 MiB of weights: 1.05x at batch 1, 1.21x at 16), but served it lost 4-6%
-(4 interleaved rounds). Shared against one thread per worker, served: 3.1 and 6.1 MiB,
-0.90-1.17x (medians by case), within this machine's noise; 12.2 MiB (hidden 192, 8 layers),
-0.88-1.41x; 22.8 MiB, 1.00-1.45x; 30 MiB and more, 1.2-1.66x (bench/RESULTS.md, 2026-12-06).
+copy model (2.4 MiB of weights: 1.05x at batch 1, 1.21x at 16); served it gained nothing
+(shared against one thread per worker, medians by case over 4 interleaved rounds: 0.94-0.96x;
+0.82-1.03x in an earlier session). Served, by the size of the projection weights, medians by
+case over 3-5 rounds: 3.1 and 6.1 MiB, 0.92-1.06x (a wash in this machine's noise); 12.2 MiB
+(hidden 192, 8 layers), 0.99-1.23x; 22.8 MiB, 0.99-1.42x; 30 MiB and more, 1.07-1.64x
+(bench/RESULTS.md, 2026-12-06). The 135M shape (513 MiB) gained 1.47x at 16 concurrent.
 A smaller model keeps one fixed part per worker, which also cannot collapse beside a foreign
 process.
 
