@@ -1,13 +1,13 @@
 """Where the served path loses throughput (issue 17, part 2): the same requests through
 three doors, measured side by side in one run, interleaved, median and best of --reps:
 
-    python bench/served_path.py [--reps 5] [--new-tokens 128] [--prompt 64] [--concurrency 1 16]
+    python bench/served_path.py [--reps 5] [--new-tokens 128] [--prompt 64] [--concurrency 1 16] [--model DIR]
 
   in process  the engine in this process (`Engine.generate`), no server;
   ZeroMQ      `serve` (canaries off) asked through EngineClient (the CLI's door);
   HTTP        the same `serve`'s `POST /v1/completions`, non-streamed, one request per
               connection thread (what an OpenAI client does).
-Greedy, `ignore_eos`, the default checkpoint. Prints tokens/s and the ratios served / in
+Greedy, `ignore_eos`, the default checkpoint (or --model). Prints tokens/s and the ratios served / in
 process; the goal of issue 17 is served >= 0.8x in process. Run it on a quiet machine: with
 another CPU-heavy process beside it, torch's threads wait on each other (measured here
 beside a busy loop: in process at batch 1, 94 tok/s with one thread, 7.8 with two).
@@ -88,14 +88,16 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     p.add_argument("--threads", type=int, default=os.cpu_count(),
                    help="torch threads of the in-process engine (a served worker gets cores / workers)")
+    p.add_argument("--model", default="", help="a checkpoint directory (default: the embedded copy model)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    config = EngineConfig().replace(model={"device": "cpu"}, engine={"max_batch": 64, "kernels": "torch"},
+    model = {"path": args.model} if args.model else {}
+    config = EngineConfig().replace(model={"device": "cpu", **model}, engine={"max_batch": 64, "kernels": "torch"},
                                     canaries={"enabled": False})
     engine = Engine(config, load_model(config.model.resolved_path(), device="cpu"))
     work = Path(tempfile.mkdtemp(prefix="pw-served-"))
-    server = LocalServer(write_config(work / "c.toml", engine={"max_batch": 64}, canaries={"enabled": False}),
-                         "--http-port", "0")
+    server = LocalServer(write_config(work / "c.toml", model=model, engine={"max_batch": 64},
+                                      canaries={"enabled": False}), "--http-port", "0")
     try:
         server.wait_workers(server.client())
         url = server.ready["http"]
