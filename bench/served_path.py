@@ -91,7 +91,7 @@ def main() -> int:
     p.add_argument("--model", default="", help="a checkpoint directory (default: the embedded copy model)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    model = {"path": args.model} if args.model else {}
+    model = {"path": str(Path(args.model).resolve())} if args.model else {}
     config = EngineConfig().replace(model={"device": "cpu", **model}, engine={"max_batch": 64, "kernels": "torch"},
                                     canaries={"enabled": False})
     engine = Engine(config, load_model(config.model.resolved_path(), device="cpu"))
