@@ -483,7 +483,7 @@ def checkpoint(name: str) -> tuple[Path, tuple[int, int]]:
     vocabulary, its special ids left out)."""
     if name in CHECKPOINTS:
         return CHECKPOINTS[name]
-    model_dir = Path(name)
+    model_dir = Path(name).resolve()  # our server reads a relative path from its config file's directory
     try:
         vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
     except (OSError, ValueError, KeyError) as exc:

@@ -60,13 +60,13 @@ def pack_linears(module: nn.Module, min_bytes: int = PACK_MIN_BYTES) -> int:
     return count
 
 
-def projection_bytes(module: nn.Module) -> int:
-    """The bytes of every projection weight under `module`, plain or packed: what a decode
-    step reads (a tied lm_head counts: it is a product of its own every step)."""
+def projection_weights(module: nn.Module) -> int:
+    """How many projection weights there are under `module`, plain or packed: what a decode
+    step multiplies by (a tied lm_head counts: it is a product of its own every step)."""
     total = 0
     for child in module.modules():
         if type(child) is nn.Linear:
-            total += child.weight.numel() * child.weight.element_size()
-        elif isinstance(child, PackedLinear):  # packing keeps float32 and the element count
-            total += child.in_features * child.out_features * 4
+            total += child.weight.numel()
+        elif isinstance(child, PackedLinear):
+            total += child.in_features * child.out_features
     return total

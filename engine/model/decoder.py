@@ -33,7 +33,8 @@ class CausalDecoder(nn.Module):
         # called at each layer boundary of every forward pass (before each layer and after
         # the last): a worker process answers its supervisor's liveness check from there, so
         # a long prefill on CPU (a 2,000-token prompt on a 135M model: 22 s) is not taken for
-        # a hung worker, and takes its share of the cores (engine/workers/core_share.py)
+        # a hung worker, and, where the cores are shared, takes its share of them
+        # (engine/workers/core_share.py)
         self.at_layer_boundary: Callable[[], None] | None = None
 
     @property

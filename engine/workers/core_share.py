@@ -1,6 +1,7 @@
 """CoreShare: the CPU cores of one supervisor's worker processes, divided among those computing now.
 
-Every worker of a supervisor maps one small file in the run directory (`core-share`), a slot
+Where the cores are shared (a CPU worker, `workers.threads` 0, a model `worth_sharing`), every
+worker of a supervisor maps one small file in the run directory (`core-share`), a slot
 per worker: the time (CLOCK_MONOTONIC, the same in every process) at which the worker last
 computed, or 0 while it is idle. Before each layer of a forward pass a worker marks its slot
 and sets its torch threads to its share of the cores: all of them while it computes alone, an
@@ -21,9 +22,10 @@ Sharing pays only for a model whose step is big enough (`worth_sharing`: its pro
 weights total SHARE_MIN_BYTES or more). Served, the supervisor, the HTTP front and the clients
 run at every token beside the workers. In process a second thread sped up even the default
 copy model (2.4 MiB of weights: 1.05x at batch 1, 1.21x at 16); served it gained nothing
-(shared against one thread per worker, medians by case over 4 interleaved rounds: 0.94-0.96x;
-0.82-1.03x in an earlier session). Served, by the size of the projection weights, medians by
-case over 3-5 rounds: 3.1 and 6.1 MiB, 0.92-1.06x (a wash in this machine's noise); 12.2 MiB
+(shared against one thread per worker, the median round by case: 0.98-1.02x over 6
+interleaved rounds, 0.94-0.98x in the 4 of them with 3 reps; 0.82-1.03x in an earlier
+session). Served, by the size of the projection weights, the median round by case over 2-5
+rounds: 3.1 and 6.1 MiB, 0.92-1.06x (a wash in this machine's noise); 12.2 MiB
 (hidden 192, 8 layers), 0.99-1.23x; 22.8 MiB, 0.99-1.42x; 30 MiB and more, 1.07-1.64x
 (bench/RESULTS.md, 2026-12-06). The 135M shape (513 MiB) gained 1.47x at 16 concurrent.
 A smaller model keeps one fixed part per worker, which also cannot collapse beside a foreign
@@ -49,7 +51,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.model.cpu_linear import projection_bytes
+from engine.model.cpu_linear import projection_weights
 from engine.server.worker_pool import HEARTBEAT_TIMEOUT_S
 
 FILE_NAME = "core-share"
@@ -58,13 +60,15 @@ CHECK_S = 0.005  # the others' marks are read at most this often (a layer may ta
 CROWDED = 0.85  # CPU time / (wall time x threads) below this: another process holds our cores
 WINDOW_S = 0.25  # computing this long with the same threads (> 1) gives one reading
 BACKOFF_S = (2.0, 32.0)  # a crowded reading caps the threads this long, doubled while it stays crowded
-SHARE_MIN_BYTES = 8 << 20  # a model shares the cores when its projection weights total at least this
+# a model shares the cores when its projection weights total at least this, counted as float32
+# (measured so; a bfloat16 model of the same shape does the same work per step in more steps)
+SHARE_MIN_BYTES = 8 << 20
 
 
 def worth_sharing(model: nn.Module) -> bool:
     """Whether a step of this model is big enough to gain, served, from more threads than
     its worker's fixed part (measured; see the module docstring)."""
-    return projection_bytes(model) >= SHARE_MIN_BYTES
+    return 4 * projection_weights(model) >= SHARE_MIN_BYTES
 
 
 class CrowdGauge:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from engine.config import CORE_SLOTS, MAX_WORKERS_PER_ROLE, WORKER_ROLES, core_slot
-from engine.model.cpu_linear import pack_linears, packing_available, projection_bytes
+from engine.model.cpu_linear import pack_linears, packing_available, projection_weights
 from engine.model.layers import DecoderLayer
 from engine.workers.core_share import CHECK_S, FILE_NAME, SHARE_MIN_BYTES, STALE_S, CoreShare, worth_sharing
 from tests.engine.workers.conftest import submit_prefill
@@ -121,7 +121,7 @@ def test_every_worker_a_supervisor_can_hold_has_its_own_slot_in_the_file():
 
 
 @pytest.mark.parametrize("slot, cores, message", [
-    (128, 2, "core-share slot 128 is out of range: must be between 0 and 127"),
+    (CORE_SLOTS, 2, f"core-share slot {CORE_SLOTS} is out of range: must be between 0 and {CORE_SLOTS - 1}"),
     (-1, 2, "core-share slot -1 is out of range"),
     (0, 0, "core-share cores 0 must be at least 1"),
 ])
@@ -166,7 +166,7 @@ def test_a_real_worker_takes_its_share_before_its_first_layer_and_gives_it_back_
 
 def test_the_copy_models_worker_keeps_a_fixed_part_of_the_cores(prefill_rig):
     worker = prefill_rig[3]
-    assert projection_bytes(worker.engine.model.decoder) < SHARE_MIN_BYTES  # 2.4 MiB
+    assert 4 * projection_weights(worker.engine.model.decoder) < SHARE_MIN_BYTES  # 2.4 MiB
     assert worker.cores is None
     assert worker.hello()["threads_shared"] is False
 
@@ -176,6 +176,7 @@ def test_worth_sharing_counts_every_projection_plain_or_packed_and_nothing_else(
     assert SHARE_MIN_BYTES == 2 * side * side * 4
     two = nn.Sequential(nn.Linear(side, side, bias=False), nn.Linear(side, side, bias=False))
     assert worth_sharing(two)
+    assert worth_sharing(two.to(torch.bfloat16))  # counted as float32: the same shape, the same rule
     assert not worth_sharing(nn.Sequential(nn.Linear(side, side), nn.Linear(side, side - 1)))
     assert not worth_sharing(nn.Sequential(nn.Embedding(2 * side, side), nn.Linear(8, 8)))  # a lookup, not a product
     if packing_available():
