@@ -133,7 +133,8 @@ class WorkersSection:
     threads: int = 0
 
     def threads_per_worker(self, cores: int) -> int:
-        """The threads a worker starts with (a CPU worker with `threads` 0 then follows its share)."""
+        """The threads a worker starts with (a CPU worker with `threads` 0 whose model is
+        `worth_sharing` then follows its share of the cores; engine/workers/core_share.py)."""
         return self.threads or max(1, cores // (self.prefill + self.decode))
 
 

@@ -1,6 +1,7 @@
-"""Shared cores, served: the workers of a model with a projection of SHARE_MIN_BYTES or more
-take every core while computing alone (engine/workers/core_share.py); the default copy
-model's workers keep a fixed part each, because served its 1 ms step lost with two threads."""
+"""Shared cores, served: the workers of a model whose projection weights total SHARE_MIN_BYTES
+or more take every core while computing alone (engine/workers/core_share.py); the default copy
+model's workers keep a fixed part each (test_control_e2e), because served its 1 ms step gained
+nothing from a second thread."""
 
 from __future__ import annotations
 
