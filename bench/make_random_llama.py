@@ -177,12 +177,12 @@ def write_checkpoint(out: Path = DEFAULT_OUT, *, seed: int = DEFAULT_SEED, overr
 
 def shape_overrides(pairs: list[str]) -> dict[str, int]:
     """["hidden_size=192", ...] -> {"hidden_size": 192, ...}: integer fields of CONFIG only."""
+    ints = [k for k, v in CONFIG.items() if type(v) is int]  # not the booleans
     out = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
-        if not isinstance(CONFIG.get(key), int) or isinstance(CONFIG.get(key), bool):
-            ints = ", ".join(k for k, v in CONFIG.items() if isinstance(v, int) and not isinstance(v, bool))
-            raise ValueError(f"--set {pair!r}: {key!r} is not an integer field of the config ({ints})")
+        if key not in ints:
+            raise ValueError(f"--set {pair!r}: {key!r} is not an integer field of the config ({', '.join(ints)})")
         try:
             out[key] = int(value)
         except ValueError:
