@@ -31,6 +31,8 @@ class KernelSet:
     # each layer's K/V. None where store_kv is one cheap launch per layer.
     plan_store: Callable | None = None
     store_planned: Callable | None = None
+    # what decode attention runs on, in words (the worker's hello says it)
+    attention: str = ""
 
 
 def select_kernels(choice: str, device) -> KernelSet:
@@ -52,13 +54,17 @@ def select_kernels(choice: str, device) -> KernelSet:
 
 
 def _torch_kernels() -> KernelSet:
+    """The CPU path: torch for stores, scrubs and the I1 plan; decode attention in place in
+    the C++ kernel where it builds (kernels.paged_attention_cpu), else the torch reference."""
+    from kernels import paged_attention_cpu
     from kernels.kv_store_ref import plan_store, store_kv, store_planned
-    from kernels.paged_attention_ref import attend_planned, paged_decode_attention, plan_decode
+    from kernels.paged_attention_ref import paged_decode_attention, plan_decode
     from kernels.scrub_ref import scrub_pages
 
     return KernelSet(
         "torch", paged_decode_attention, store_kv, scrub_pages,
-        plan_decode, attend_planned, plan_store, store_planned,
+        plan_decode, paged_attention_cpu.attend_planned, plan_store, store_planned,
+        attention=paged_attention_cpu.describe(),
     )
 
 
@@ -74,7 +80,8 @@ def _triton_kernels(*, interpret: bool) -> KernelSet:
             f"Triton kernels are needed on CPU, but {', '.join(_TRITON_MODULES)} were imported "
             "without TRITON_INTERPRET=1; set it before anything imports them"
         )
-    return KernelSet("triton", attention.paged_decode_attention, store.store_kv, scrub.scrub_pages)
+    return KernelSet("triton", attention.paged_decode_attention, store.store_kv, scrub.scrub_pages,
+                     attention="Triton" + (" (interpreted)" if interpret else ""))
 
 
 def _is_interpreted(kernel) -> bool:

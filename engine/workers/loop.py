@@ -62,6 +62,7 @@ class WorkerLoop:
         return {
             "op": "hello", "name": self.name, "role": self.role, "pid": os.getpid(), "token": self.token,
             "device": str(pool.device), "kernels": self.engine.kernels.name,
+            "attention": self.engine.kernels.attention,
             # the most threads it computes with: its share of the cores when they are shared
             "threads": self.cores.cores if self.cores is not None else torch.get_num_threads(),
             "threads_shared": self.cores is not None,

@@ -1,0 +1,308 @@
+// Paged decode attention for the CPU worker: each query reads its K/V where they lie in the pool.
+//
+// The torch reference (kernels/paged_attention_ref.py) gathers every page a step reads into
+// a private copy, zeroes the blocked slots, then runs SDPA: the copy is written and read
+// again in every layer. This reads each readable token's K and V once, in place, and never
+// touches a blocked slot (another writer's, unwritten, or past the sequence), so a poisoned
+// or foreign slot cannot reach the output even as 0 * NaN. Which slots are blocked is the
+// plan's decision (invariant I1, checked once per step in Python); this file only obeys it.
+//
+// Built by torch.utils.cpp_extension (kernels/paged_attention_cpu.py) with -march=native:
+// on AVX-512 machines the scores and the V sum run on 16-float vectors; elsewhere (or for a
+// head_dim that is not a multiple of 16) a plain loop computes the same thing.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+struct Row {               // one sequence and one KV head
+  const float* q;          // [G, D]: the query heads that share this KV head
+  const float* const* k;   // [n]: each readable token's K row
+  const float* const* v;   // [n]: each readable token's V row
+  int64_t n, G, D;
+  float scale;
+  float* out;              // [G, D]
+};
+
+void softmax_generic(float* s, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < n; ++t) m = std::max(m, s[t]);
+  float z = 0.f;
+  for (int64_t t = 0; t < n; ++t) { s[t] = std::exp(s[t] - m); z += s[t]; }
+  const float inv = 1.f / z;
+  for (int64_t t = 0; t < n; ++t) s[t] *= inv;
+}
+
+void attend_generic(const Row& r, float* s) {
+  for (int64_t g = 0; g < r.G; ++g) {
+    const float* qg = r.q + g * r.D;
+    float* sg = s + g * r.n;
+    for (int64_t t = 0; t < r.n; ++t) {
+      float dot = 0.f;
+      for (int64_t d = 0; d < r.D; ++d) dot += qg[d] * r.k[t][d];
+      sg[t] = dot * r.scale;
+    }
+    softmax_generic(sg, r.n);
+    float* og = r.out + g * r.D;
+    std::fill(og, og + r.D, 0.f);
+    for (int64_t t = 0; t < r.n; ++t) {
+      const float w = sg[t];
+      for (int64_t d = 0; d < r.D; ++d) og[d] += w * r.v[t][d];
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+// exp(x) for x <= 0 (a softmax after its max): Cody-Waite reduction, degree-6 polynomial,
+// relative error about 2e-7; x below -87 gives 0 (as expf's underflow does, to a float's eyes)
+inline __m512 exp_avx512(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.3f);
+  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  x = _mm512_max_ps(x, lo);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_maskz_scalef_ps(~under, p, n);
+}
+
+void softmax_avx512(float* s, int64_t n) {
+  __m512 mv = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t t = 0;
+  for (; t + 16 <= n; t += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(s + t));
+  float m = _mm512_reduce_max_ps(mv);
+  for (int64_t u = t; u < n; ++u) m = std::max(m, s[u]);
+  const __m512 mb = _mm512_set1_ps(m);
+  __m512 zv = _mm512_setzero_ps();
+  for (t = 0; t < n; t += 16) {
+    const __mmask16 k = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(k, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), mb)));
+    _mm512_mask_storeu_ps(s + t, k, e);
+    zv = _mm512_add_ps(zv, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(zv));
+  for (t = 0; t < n; t += 16) {
+    const __mmask16 k = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+    _mm512_mask_storeu_ps(s + t, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + t), inv));
+  }
+}
+
+// 16 vectors -> one vector of their 16 horizontal sums (lane j = sum of a[j])
+inline __m512 reduce16(__m512* a) {
+  // pairwise: fold 16 -> 8 vectors keeping [a_even halves | a_odd halves] then repeat
+  for (int w = 8; w >= 1; w >>= 1) {
+    for (int i = 0; i < w; ++i) {
+      __m512 x = a[2 * i], y = a[2 * i + 1];
+      __m512 lo, hi;
+      if (w == 8) {        // swap 256-bit halves
+        lo = _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(1, 0, 1, 0));
+        hi = _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 2, 3, 2));
+      } else if (w == 4) { // swap 128-bit lanes
+        lo = _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(2, 0, 2, 0));
+        hi = _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1));
+      } else if (w == 2) { // swap 64-bit pairs within lanes
+        lo = _mm512_shuffle_ps(x, y, _MM_SHUFFLE(1, 0, 1, 0));
+        hi = _mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 2, 3, 2));
+      } else {             // swap single floats
+        lo = _mm512_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0));
+        hi = _mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1));
+      }
+      a[i] = _mm512_add_ps(lo, hi);
+    }
+  }
+  // lane 4L+j now holds token 4j+L: put token t in lane t
+  const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_permutexvar_ps(idx, a[0]);
+}
+
+
+// out[g0 .. g0+HP) = sum_t p[g, t] v[t], 16/HP vectors of D at a time
+template <int HP>
+void pv_heads(const Row& r, const float* s, int64_t g0) {
+  constexpr int CP = 16 / HP;
+  const int64_t D = r.D, n = r.n, NC = D / 16;
+  for (int64_t c0 = 0; c0 < NC; c0 += CP) {
+    const int64_t nc = std::min<int64_t>(CP, NC - c0);
+    __m512 acc[HP][CP];
+    for (int h = 0; h < HP; ++h)
+      for (int c = 0; c < CP; ++c) acc[h][c] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+      const float* vt = r.v[t] + 16 * c0;
+      __m512 w[HP];
+      for (int h = 0; h < HP; ++h) w[h] = _mm512_set1_ps(s[(g0 + h) * n + t]);
+      if (nc == CP) {
+        for (int c = 0; c < CP; ++c) {
+          const __m512 vv = _mm512_loadu_ps(vt + 16 * c);
+          for (int h = 0; h < HP; ++h) acc[h][c] = _mm512_fmadd_ps(w[h], vv, acc[h][c]);
+        }
+      } else {
+        for (int c = 0; c < nc; ++c) {
+          const __m512 vv = _mm512_loadu_ps(vt + 16 * c);
+          for (int h = 0; h < HP; ++h) acc[h][c] = _mm512_fmadd_ps(w[h], vv, acc[h][c]);
+        }
+      }
+    }
+    for (int h = 0; h < HP; ++h)
+      for (int c = 0; c < nc; ++c) _mm512_storeu_ps(r.out + (g0 + h) * D + 16 * (c0 + c), acc[h][c]);
+  }
+}
+
+// one row: scores, softmax, then the weighted sum of V; s holds G * n floats after 16 of slack
+void attend_avx512(const Row& r, float* s) {
+  const int64_t G = r.G, D = r.D, n = r.n, NC = D / 16;
+  const __m512 sc = _mm512_set1_ps(r.scale);
+  int64_t g = 0;
+  for (; g + 2 <= G; g += 2) {  // two query heads per K load, 8 tokens at a time
+    const float* q0 = r.q + g * D;
+    const float* q1 = q0 + D;
+    float* s0 = s + g * n;
+    float* s1 = s0 + n;
+    for (int64_t t0 = 0; t0 < n; t0 += 8) {
+      const int64_t m = std::min<int64_t>(8, n - t0);
+      const float* kp[8];
+      for (int j = 0; j < 8; ++j) kp[j] = r.k[t0 + (j < m ? j : 0)];
+      __m512 acc[16];
+      for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < NC; ++c) {
+        const __m512 a0 = _mm512_loadu_ps(q0 + 16 * c), a1 = _mm512_loadu_ps(q1 + 16 * c);
+        for (int j = 0; j < 8; ++j) {
+          const __m512 kv = _mm512_loadu_ps(kp[j] + 16 * c);
+          acc[j] = _mm512_fmadd_ps(a0, kv, acc[j]);
+          acc[8 + j] = _mm512_fmadd_ps(a1, kv, acc[8 + j]);
+        }
+      }
+      const __m512 sums = _mm512_mul_ps(reduce16(acc), sc);  // lanes 0-7: head g, 8-15: head g+1
+      const __mmask16 keep = (__mmask16)((1u << m) - 1);
+      _mm512_mask_storeu_ps(s0 + t0, keep, sums);
+      _mm512_mask_storeu_ps(s1 + t0 - 8, (__mmask16)(keep << 8), sums);
+    }
+  }
+  for (; g < G; ++g) {
+    const float* qg = r.q + g * D;
+    float* sg = s + g * n;
+    for (int64_t t0 = 0; t0 < n; t0 += 16) {
+      const int64_t m = std::min<int64_t>(16, n - t0);
+      const float* kp[16];
+      for (int j = 0; j < 16; ++j) kp[j] = r.k[t0 + (j < m ? j : 0)];
+      __m512 acc[16];
+      for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < NC; ++c) {
+        const __m512 qc = _mm512_loadu_ps(qg + 16 * c);
+        for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(kp[j] + 16 * c), acc[j]);
+      }
+      const __m512 sums = _mm512_mul_ps(reduce16(acc), sc);
+      _mm512_mask_storeu_ps(sg + t0, m >= 16 ? 0xFFFF : (__mmask16)((1u << m) - 1), sums);
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) softmax_avx512(s + g * n, n);
+  // out[g] = sum_t p[g, t] v[t]: HP heads share each V load, 16 accumulators in registers
+  int64_t g0 = 0;
+  for (; g0 + 4 <= G; g0 += 4) pv_heads<4>(r, s, g0);
+  for (; g0 + 2 <= G; g0 += 2) pv_heads<2>(r, s, g0);
+  for (; g0 < G; ++g0) pv_heads<1>(r, s, g0);
+}
+#endif
+
+bool vectorized_for(int64_t D) {
+#if defined(__AVX512F__)
+  return D % 16 == 0;
+#else
+  (void)D;
+  return false;
+#endif
+}
+
+void check_tensor(const torch::Tensor& t, c10::ScalarType dtype, const char* name) {
+  TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", c10::toString(dtype), ", got ", t.scalar_type());
+  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
+}
+
+// out[b, h] = softmax(scale * q[b, h] . K[t]) V[t] over the tokens t of row b that blocked
+// leaves readable; a row with none is zero. k_cache/v_cache: [pages, page_size, kv_heads, D]
+// with unit stride in D (the pool's per-layer views are strided over pages). vectorized=false
+// forces the plain loop (tests compare both).
+void paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor pages,
+                  torch::Tensor blocked, double scale, torch::Tensor out, bool vectorized) {
+  check_tensor(q, torch::kFloat32, "q");
+  check_tensor(k_cache, torch::kFloat32, "k_cache");
+  check_tensor(v_cache, torch::kFloat32, "v_cache");
+  check_tensor(pages, torch::kInt64, "pages");
+  check_tensor(blocked, torch::kBool, "blocked");
+  check_tensor(out, torch::kFloat32, "out");
+  TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && out.is_contiguous() && out.sizes() == q.sizes(),
+              "q and out must be contiguous [batch, heads, head_dim] of one shape");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.strides() == v_cache.strides(),
+              "k_cache and v_cache must be [pages, page_size, kv_heads, head_dim] with the same strides");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t num_pages = k_cache.size(0), PS = k_cache.size(1), KVH = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == D && k_cache.stride(3) == 1, "k_cache must have head_dim ", D, " at unit stride");
+  TORCH_CHECK(H % KVH == 0, "query heads ", H, " are not a multiple of kv heads ", KVH);
+  TORCH_CHECK(pages.dim() == 2 && pages.size(0) == B && pages.is_contiguous(), "pages must be contiguous [", B, ", P]");
+  const int64_t P = pages.size(1), T = P * PS, G = H / KVH;
+  TORCH_CHECK(blocked.dim() == 2 && blocked.size(0) == B && blocked.size(1) == T && blocked.is_contiguous(),
+              "blocked must be contiguous [", B, ", ", T, "]");
+  vectorized = vectorized && vectorized_for(D);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  const int64_t* pg = pages.data_ptr<int64_t>();
+  const bool* bl = blocked.data_ptr<bool>();
+  float* op = out.data_ptr<float>();
+  for (int64_t i = 0; i < B * T; ++i) {  // every page a readable token names lies in the pool
+    if (bl[i]) continue;
+    const int64_t page = pg[(i / T) * P + (i % T) / PS];
+    TORCH_CHECK(page >= 0 && page < num_pages, "page ", page, " is outside the pool of ", num_pages, " pages");
+  }
+  const int64_t page_stride = k_cache.stride(0), tok_stride = k_cache.stride(1), head_stride = k_cache.stride(2);
+  at::parallel_for(0, B * KVH, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<const float*> kptr(T), vptr(T);
+    std::vector<float> scores(16 + G * T);
+    for (int64_t job = lo; job < hi; ++job) {
+      const int64_t b = job / KVH, h = job % KVH;
+      const bool* blk = bl + b * T;
+      int64_t n = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        if (blk[t]) continue;
+        const int64_t off = pg[b * P + t / PS] * page_stride + (t % PS) * tok_stride + h * head_stride;
+        kptr[n] = kp + off;
+        vptr[n] = vp + off;
+        ++n;
+      }
+      float* o = op + (b * H + h * G) * D;
+      if (n == 0) {
+        std::fill(o, o + G * D, 0.f);
+        continue;
+      }
+      const Row r{qp + (b * H + h * G) * D, kptr.data(), vptr.data(), n, G, D, static_cast<float>(scale), o};
+#if defined(__AVX512F__)
+      if (vectorized) {
+        attend_avx512(r, scores.data() + 16);
+        continue;
+      }
+#endif
+      attend_generic(r, scores.data() + 16);
+    }
+  });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode);
+  m.def("vectorized_for", &vectorized_for, "whether head_dim D takes the AVX-512 path in this build");
+}
