@@ -41,7 +41,7 @@ bench: $(STAMP)
 
 # A CUDA machine gets the regular torch; a CPU-only one the CPU build (torch==2.13.0,
 # which this workplace's machines take from a local file instead of a multi-GB CUDA wheel).
-$(STAMP): pyproject.toml constraints.txt Makefile kernels/csrc/paged_attention_cpu.cpp
+$(STAMP): pyproject.toml constraints.txt Makefile kernels/csrc/*.cpp kernels/csrc/*.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
@@ -50,9 +50,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile kernels/csrc/paged_attention_c
 		$(PY) -m pip install --quiet torch==2.13.0; \
 	fi
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
-	# the CPU decode attention kernel, compiled once for this machine (about 40 s); without
+	# the CPU kernels (decode attention, RMSNorm, RoPE), compiled once for this machine (about 40 s); without
 	# a compiler the engine falls back to the torch reference, and this says so
-	$(PY) -m kernels.paged_attention_cpu || true
+	$(PY) -m kernels.cpu_extension || true
 	touch $(STAMP)
 
 clean-venv:

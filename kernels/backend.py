@@ -54,17 +54,17 @@ def select_kernels(choice: str, device) -> KernelSet:
 
 
 def _torch_kernels() -> KernelSet:
-    """The CPU path: torch for stores, scrubs and the I1 plan; decode attention in place in
-    the C++ kernel where it builds (kernels.paged_attention_cpu), else the torch reference."""
-    from kernels import paged_attention_cpu
+    """The CPU path: torch for stores and scrubs; the decode step's I1 plan and attention in
+    C++ where the module builds (kernels.cpu_extension), else the torch references."""
+    from kernels import cpu_extension, paged_attention_cpu
     from kernels.kv_store_ref import plan_store, store_kv, store_planned
-    from kernels.paged_attention_ref import paged_decode_attention, plan_decode
+    from kernels.paged_attention_ref import paged_decode_attention
     from kernels.scrub_ref import scrub_pages
 
     return KernelSet(
         "torch", paged_decode_attention, store_kv, scrub_pages,
-        plan_decode, paged_attention_cpu.attend_planned, plan_store, store_planned,
-        attention=paged_attention_cpu.describe(),
+        paged_attention_cpu.plan_decode, paged_attention_cpu.attend_planned, plan_store, store_planned,
+        attention=cpu_extension.describe(),
     )
 
 

@@ -60,10 +60,13 @@ class DecodePlan:
 
     pages: torch.Tensor  # [B, P] int64 pool pages to gather (padding -> 0)
     blocked: torch.Tensor  # [B, P * page_size, 1, 1] bool: tokens that may not be read
-    bias: torch.Tensor  # [B, 1, 1, P * page_size] float32: 0 or -inf, the same mask for SDPA
     violations: torch.Tensor  # [B, 2] int32: (foreign, unwritten) token slots the row needed
     empty_rows: torch.Tensor | None  # [B] bool where a row has nothing to attend, else None
     foreign: torch.Tensor | None = None  # [B, P * page_size] bool (check_tags only): foreign slots
+    # The gather path's own forms of `blocked`, made by its first attend_planned (the in-place
+    # CPU kernel reads `blocked` itself and never needs them):
+    # [B, 1, 1, P * page_size] float32: 0 or -inf, the mask for SDPA
+    bias: torch.Tensor | None = None
     # [k] int64: the blocked tokens as flat indices into [B * P * page_size], for zeroing the
     # gathered K and V rows in one indexed write each (a broadcast masked_fill took as long
     # as the gather; K too, or a poisoned NaN in K reaches the output through 0 * NaN)
@@ -119,13 +122,9 @@ def plan_decode(block_table, expected_tags, seq_lens, token_writer, page_size: i
         violations = torch.zeros(batch, 2, dtype=torch.int32, device=device)
         attend = in_seq
     attend = attend.reshape(batch, -1)
-    bias = torch.zeros(attend.shape, dtype=torch.float32, device=device)
-    bias.masked_fill_(~attend, float("-inf"))
     empty = ~attend.any(dim=1)
     blocked = ~attend
-    return DecodePlan(pages, blocked[:, :, None, None], bias[:, None, None, :], violations,
-                      empty if bool(empty.any()) else None, foreign,
-                      blocked_rows=blocked.reshape(-1).nonzero().squeeze(1))
+    return DecodePlan(pages, blocked[:, :, None, None], violations, empty if bool(empty.any()) else None, foreign)
 
 
 def attend_planned(q, k_cache, v_cache, plan: DecodePlan, *, scale: float,
@@ -138,6 +137,10 @@ def attend_planned(q, k_cache, v_cache, plan: DecodePlan, *, scale: float,
     if num_pages == 0:
         return out.zero_()
     if plan.gather_buffers is None:  # the first layer of the step; every later one reuses these
+        blocked = plan.blocked.reshape(batch, -1)
+        plan.bias = torch.zeros(blocked.shape, dtype=torch.float32, device=q.device).masked_fill_(
+            blocked, float("-inf"))[:, None, None, :]
+        plan.blocked_rows = blocked.reshape(-1).nonzero().squeeze(1)
         # bound the gathered K/V copy so batch 64 x 16k context stays in memory
         per_seq = num_pages * k_cache[0].numel() * 2 * 4
         chunk = min(batch, max(1, _GATHER_BUDGET_BYTES // max(per_seq, 1)))

@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from engine.model.config import ModelConfig
+from kernels import cpu_extension
 
 
 class AttentionContext(Protocol):
@@ -30,6 +31,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if cpu_extension.usable(x, self.weight):  # one pass in C++ (kernels/csrc/norm_rope_cpu.cpp)
+            return cpu_extension.extension().rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:
             # the fused op: bit-identical to the spelled-out formula in float32, and faster
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
@@ -61,8 +64,12 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, D]; cos/sin [T, D]."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, may_overwrite: bool = False) -> torch.Tensor:
+    """x [T, heads, D]; cos/sin [T, D]. With may_overwrite (x is a fresh projection output that
+    nothing else reads) the C++ kernel, where it applies, rotates x in place and returns it."""
+    if may_overwrite and x.stride(2) == 1 and cpu_extension.usable(x, cos, sin):
+        cpu_extension.extension().rope_(x, cos, sin)
+        return x
     cos, sin = cos[:, None, :], sin[:, None, :]
     return (x * cos) + (_rotate_half(x) * sin)
 
@@ -82,7 +89,8 @@ class Attention(nn.Module):
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         # RoPE on q and k together: one pass over [T, H + KVH, D]
-        qk = apply_rope(qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim), cos, sin)
+        qk = apply_rope(qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim), cos, sin,
+                        may_overwrite=True)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         out = ctx.attend(self.layer, q, k, v)

@@ -10,7 +10,7 @@
 // Built by torch.utils.cpp_extension (kernels/paged_attention_cpu.py) with -march=native:
 // on AVX-512 machines the scores and the V sum run on 16-float vectors; elsewhere (or for a
 // head_dim that is not a multiple of 16) a plain loop computes the same thing.
-#include <torch/extension.h>
+#include "cpu_kernels.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -218,6 +218,8 @@ void attend_avx512(const Row& r, float* s) {
 }
 #endif
 
+}  // namespace
+
 bool vectorized_for(int64_t D) {
 #if defined(__AVX512F__)
   return D % 16 == 0;
@@ -227,10 +229,6 @@ bool vectorized_for(int64_t D) {
 #endif
 }
 
-void check_tensor(const torch::Tensor& t, c10::ScalarType dtype, const char* name) {
-  TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", c10::toString(dtype), ", got ", t.scalar_type());
-  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
-}
 
 // out[b, h] = softmax(scale * q[b, h] . K[t]) V[t] over the tokens t of row b that blocked
 // leaves readable; a row with none is zero. k_cache/v_cache: [pages, page_size, kv_heads, D]
@@ -298,11 +296,4 @@ void paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
       attend_generic(r, scores.data() + 16);
     }
   });
-}
-
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode);
-  m.def("vectorized_for", &vectorized_for, "whether head_dim D takes the AVX-512 path in this build");
 }

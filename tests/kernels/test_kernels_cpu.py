@@ -1,4 +1,5 @@
-"""The in-place C++ decode attention (kernels.paged_attention_cpu) against the float64 oracle.
+"""The C++ CPU kernels (kernels.cpu_extension): decode attention in place against the float64
+oracle, RMSNorm and RoPE against their formulas.
 
 Both of its paths are checked: the AVX-512 one (on a machine that has it, as this one and CI
 do) and the plain loops every other machine runs. The plan, and so the I1 mask, is the
@@ -12,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernels import paged_attention_cpu, select_kernels
+from kernels import cpu_extension, paged_attention_cpu, paged_attention_ref, select_kernels
 from kernels.paged_attention_ref import plan_decode
 from tests.kernels.test_kernels_ref import (
     NO_WRITER,
@@ -31,11 +32,12 @@ PATHS = [pytest.param(True, id="avx512"), pytest.param(False, id="plain")]
 
 @pytest.fixture(autouse=True)
 def built(monkeypatch):
-    """The kernel as the engine gets it: PAGEWARDEN_CPU_ATTENTION unset, built (or cached)."""
-    monkeypatch.delenv(paged_attention_cpu.ENV_VAR, raising=False)
-    paged_attention_cpu.extension.cache_clear()
-    yield paged_attention_cpu.extension()
-    paged_attention_cpu.extension.cache_clear()
+    """The kernels as the engine gets them: PAGEWARDEN_CPU_KERNELS unset, built (or cached)."""
+    monkeypatch.delenv(cpu_extension.ENV_VAR, raising=False)
+    extension = cpu_extension.extension  # a test may replace it; the cache is this one's
+    extension.cache_clear()
+    yield extension()
+    extension.cache_clear()
 
 
 def attend(case, vectorized=True, plan=None):
@@ -48,7 +50,7 @@ def attend(case, vectorized=True, plan=None):
 def test_the_kernel_builds_on_this_machine(built):
     # CI installs g++ and ninja: a build failure there must fail, not fall back unseen
     assert built is not None, "the CPU attention kernel did not build; see the warning above"
-    assert paged_attention_cpu.describe().startswith("in place, C++")
+    assert cpu_extension.describe().startswith("in place, C++")
 
 
 @pytest.mark.parametrize("vectorized", PATHS)
@@ -157,16 +159,17 @@ def test_the_torch_backend_attends_in_place_unless_told_not_to(monkeypatch):
     monkeypatch.delenv("PAGEWARDEN_KERNELS", raising=False)
     kernels = select_kernels("auto", "cpu")
     assert kernels.attend_planned is paged_attention_cpu.attend_planned
+    assert kernels.plan_decode is paged_attention_cpu.plan_decode
     assert kernels.attention.startswith("in place, C++")
-    monkeypatch.setenv(paged_attention_cpu.ENV_VAR, "reference")
-    paged_attention_cpu.extension.cache_clear()
+    monkeypatch.setenv(cpu_extension.ENV_VAR, "reference")
+    cpu_extension.extension.cache_clear()
     kernels = select_kernels("auto", "cpu")
     assert kernels.attention == "torch reference (gather + SDPA)"
     case = build_case(torch.Generator().manual_seed(7), [9, 4], head_dim=16)
     assert not paged_attention_cpu.usable(case.q, case.k_cache)
-    monkeypatch.setenv(paged_attention_cpu.ENV_VAR, "fast")
-    with pytest.raises(ValueError, match="PAGEWARDEN_CPU_ATTENTION='fast' is not one of auto, reference"):
-        paged_attention_cpu.mode()
+    monkeypatch.setenv(cpu_extension.ENV_VAR, "fast")
+    with pytest.raises(ValueError, match="PAGEWARDEN_CPU_KERNELS='fast' is not one of auto, reference"):
+        cpu_extension.mode()
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -192,3 +195,127 @@ def test_property_matches_oracle(lens, kv_heads, group, head_dim, page_size, see
     out, plan = attend(case, vectorized)
     assert_close(out, dense_oracle(case, tag_keep(case)), 1e-5)
     assert torch.equal(plan.violations, oracle_violations(case))
+
+
+# ---- the step's I1 plan (csrc/decode_plan_cpu.cpp) against the reference's --------------
+
+def assert_same_plan(got, want):
+    assert torch.equal(got.pages, want.pages)
+    assert torch.equal(got.blocked, want.blocked)
+    assert torch.equal(got.violations, want.violations) and got.violations.dtype == torch.int32
+    for name in ("empty_rows", "foreign"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert torch.equal(a, b), name
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lens=st.lists(st.integers(0, 40), min_size=1, max_size=5), page_size=st.sampled_from([1, 4, 16]),
+    seed=st.integers(0, 2**31), corrupt=st.integers(0, 3), check_tags=st.booleans(), mask_foreign=st.booleans(),
+)
+def test_plan_matches_the_reference(lens, page_size, seed, corrupt, check_tags, mask_foreign):
+    """Random tables with foreign slots, unwritten tails, foreign whole pages and garbage in
+    the padding columns: the same pages, mask, counts, foreign slots and empty rows."""
+    gen = torch.Generator().manual_seed(seed)
+    case = build_case(gen, lens, page_size=page_size)
+    used = [(b, j) for b, n in enumerate(lens) for j in range(-(-n // page_size))]
+    for b, j in used[:: max(1, 4 - corrupt)] if corrupt else []:
+        page = int(case.block_table[b, j])
+        slot = int(torch.randint(0, page_size, (1,), generator=gen))
+        kind = int(torch.randint(0, 3, (1,), generator=gen))
+        if kind == 0:
+            case.token_writer[page, slot] = make_tag(500, b)
+        elif kind == 1:
+            case.token_writer[page, slot:] = NO_WRITER
+        else:
+            case.token_writer[page] = make_tag(600, j)
+    args = (case.block_table, case.expected, case.seq_lens, case.token_writer, page_size, check_tags, mask_foreign)
+    assert_same_plan(paged_attention_cpu.plan_decode(*args), paged_attention_ref.plan_decode(*args))
+
+
+def test_plan_errors_name_the_row_and_the_limit():
+    case = build_case(torch.Generator().manual_seed(2), [5, 3])
+    with pytest.raises(ValueError, match="seq_len 40 needs 10 pages but block_table has"):
+        paged_attention_cpu.plan_decode(case.block_table, case.expected, torch.tensor([40, 1], dtype=torch.int32),
+                                        case.token_writer, case.page_size)
+    outside = case.block_table.clone()
+    outside[1, 0] = case.token_writer.shape[0]
+    with pytest.raises(RuntimeError, match=f"row 1 names page {case.token_writer.shape[0]} outside the pool"):
+        paged_attention_cpu.plan_decode(outside, case.expected, case.seq_lens, case.token_writer, case.page_size)
+
+
+def test_plan_no_writer_is_the_engines():
+    """decode_plan_cpu.cpp writes NO_WRITER as -1: an unwritten slot must count as unwritten."""
+    case = build_case(torch.Generator().manual_seed(3), [4])
+    case.token_writer[int(case.block_table[0, 0]), 2:] = NO_WRITER
+    plan = paged_attention_cpu.plan_decode(case.block_table, case.expected, case.seq_lens, case.token_writer,
+                                           case.page_size)
+    assert plan.violations.tolist() == [[0, 2]]
+
+
+# ---- RMSNorm and RoPE (csrc/norm_rope_cpu.cpp) -------------------------------------------
+
+@pytest.mark.parametrize("shape", [(16, 128), (1, 576), (3, 5, 40), (0, 64)])
+def test_rms_norm_matches_the_formula(built, shape):
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(shape, generator=gen) * 3
+    w = torch.randn(shape[-1], generator=gen)
+    expected = (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5)) * w.double()
+    got = built.rms_norm(x, w, 1e-5)
+    assert got.shape == x.shape and got.dtype == torch.float32
+    if x.numel():
+        assert_close(got, expected, 1e-6)
+
+
+def test_rms_norm_names_a_weight_that_does_not_fit(built):
+    with pytest.raises(RuntimeError, match=r"weight must be \[128\], got \[64\]"):
+        built.rms_norm(torch.ones(2, 128), torch.ones(64), 1e-5)
+    with pytest.raises(RuntimeError, match="x must be Float, got Half"):
+        built.rms_norm(torch.ones(2, 128, dtype=torch.half), torch.ones(128), 1e-5)
+
+
+@pytest.mark.parametrize("heads,head_dim", [(9, 128), (12, 64), (2, 6)])
+def test_rope_in_place_equals_the_torch_formula_bit_for_bit(built, heads, head_dim):
+    """Rotates a strided view (q and k inside the fused qkv output) in place, leaves v alone,
+    and gives exactly torch's x * cos + rotate_half(x) * sin (no FMA contraction)."""
+    from engine.model.layers import RotaryTable, _rotate_half
+
+    gen = torch.Generator().manual_seed(heads)
+    table = RotaryTable(head_dim, 10000.0, 64)
+    cos, sin = table.lookup(torch.tensor([0, 5, 17, 63, 2]), torch.float32)
+    qkv = torch.randn(5, (heads + 2) * head_dim, generator=gen)
+    view = qkv[:, : (heads + 1) * head_dim].view(5, heads + 1, head_dim)
+    expected = view * cos[:, None] + _rotate_half(view) * sin[:, None]
+    v_before = qkv[:, (heads + 1) * head_dim:].clone()
+    built.rope_(view, cos, sin)
+    assert torch.equal(view, expected)
+    assert torch.equal(qkv[:, (heads + 1) * head_dim:], v_before)
+    with pytest.raises(RuntimeError, match=r"cos and sin must be \[5, "):
+        built.rope_(view, cos[:4], sin[:4])
+
+
+def test_the_model_uses_them_only_where_no_gradient_is_wanted(monkeypatch):
+    """Under inference the layers call the C++ norm and RoPE; with autograd on a parameter,
+    or with the kernels turned off, the torch formulas (which record a graph)."""
+    from engine.model.layers import RMSNorm, apply_rope
+
+    norm = RMSNorm(64, 1e-5)
+    x = torch.randn(4, 64)
+    calls = []
+    ext = cpu_extension.extension()
+
+    class Spy:
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(ext, name)
+
+    monkeypatch.setattr(cpu_extension, "extension", lambda: Spy())
+    with torch.inference_mode():
+        norm(x)
+        apply_rope(torch.randn(4, 2, 8), torch.ones(4, 8), torch.zeros(4, 8), may_overwrite=True)
+        apply_rope(torch.randn(4, 2, 8), torch.ones(4, 8), torch.zeros(4, 8))  # not told it may overwrite
+    assert calls == ["rms_norm", "rope_"]
+    out = norm(x)  # grad enabled, weight is a parameter
+    assert out.grad_fn is not None and calls == ["rms_norm", "rope_"]

@@ -1,0 +1,98 @@
+"""The CPU kernels in csrc/ (decode attention in place, RMSNorm, RoPE): one C++ module.
+
+Compiled once per machine with torch.utils.cpp_extension (g++ and ninja; about 40 s) into
+torch's extension cache (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). `make`
+builds it ahead (`python -m kernels.cpu_extension`); a process that finds it stale builds it,
+and one that cannot (no compiler) runs the torch references and says why once.
+PAGEWARDEN_CPU_KERNELS=reference forces the references (benches compare the two).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+from functools import cache
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+ENV_VAR = "PAGEWARDEN_CPU_KERNELS"
+MODES = ("auto", "reference")
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = tuple(CSRC / name for name in (
+    "bindings.cpp", "decode_plan_cpu.cpp", "paged_attention_cpu.cpp", "norm_rope_cpu.cpp"))
+# -march=native: the build is for the machine that runs it (the cache is per machine).
+# -ffp-contract=off: a*b + c stays two roundings, as in torch's eager ops (RoPE matches them
+# bit for bit); the attention's AVX-512 path asks for its FMAs explicitly.
+CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp-simd")
+
+
+def mode() -> str:
+    """The PAGEWARDEN_CPU_KERNELS setting; raises ValueError naming an unknown one."""
+    value = os.environ.get(ENV_VAR) or "auto"
+    if value not in MODES:
+        raise ValueError(f"{ENV_VAR}={value!r} is not one of {', '.join(MODES)}")
+    return value
+
+
+@cache
+def extension():
+    """The compiled module (building it if stale), or None when it cannot be built here."""
+    if mode() == "reference":
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        _put_ninja_on_path()
+        return load("pagewarden_cpu_kernels", [str(p) for p in SOURCES], extra_cflags=list(CFLAGS),
+                    extra_include_paths=[str(CSRC)], verbose=False)
+    except Exception as exc:  # no compiler, no ninja, a read-only cache: the references still work
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        log.warning("CPU kernels unavailable, running the torch references: %s", first)
+        return None
+
+
+def _put_ninja_on_path() -> None:
+    """torch runs `ninja` from PATH; pip's ninja lives beside this interpreter, which a
+    process started as .venv/bin/python does not have on its PATH."""
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """Whether these tensors can go to the C++ kernels: float32 on the CPU, no gradient
+    wanted through them (the kernels record no graph), and the module built."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and extension() is not None
+
+
+def describe() -> str:
+    """What decode attention runs on this machine, for the worker's hello and the logs."""
+    ext = extension()
+    if ext is None:
+        return "torch reference (gather + SDPA)"
+    return f"in place, C++ ({'AVX-512' if ext.vectorized_for(128) else 'plain loops'})"
+
+
+def main() -> int:
+    """Build (or find) the module; exit 1 when it cannot be built."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if extension() is None:
+        print("the CPU kernels could not be built: the engine will run the torch references")
+        return 1
+    print(f"CPU kernels ready; decode attention: {describe()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

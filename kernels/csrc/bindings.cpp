@@ -1,0 +1,15 @@
+// One Python module for the CPU kernels (kernels/cpu_extension.py loads it).
+#include "cpu_kernels.h"
+
+void check_tensor(const torch::Tensor& t, c10::ScalarType dtype, const char* name) {
+  TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", c10::toString(dtype), ", got ", t.scalar_type());
+  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode, "decode attention over the unblocked slots of each row's pages");
+  m.def("vectorized_for", &vectorized_for, "whether head_dim D takes the AVX-512 path in this build");
+  m.def("plan_tags", &plan_tags, "the decode step's I1 plan: pages, blocked slots, violations, foreign, empty rows");
+  m.def("rms_norm", &rms_norm, "x * rsqrt(mean(x^2) + eps) * weight over the last dim, float32");
+  m.def("rope_", &rope_, "rotary embedding (rotate-half convention) applied in place");
+}

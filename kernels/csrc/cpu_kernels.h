@@ -1,0 +1,22 @@
+// The CPU kernels of kernels/csrc, one extension module (kernels/cpu_extension.py builds it).
+#pragma once
+#include <torch/extension.h>
+
+#include <vector>
+
+// paged_attention_cpu.cpp
+bool vectorized_for(int64_t head_dim);
+void paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor pages,
+                  torch::Tensor blocked, double scale, torch::Tensor out, bool vectorized);
+
+// norm_rope_cpu.cpp
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+
+// decode_plan_cpu.cpp: (pages, blocked, violations, foreign or undefined, empty rows)
+std::vector<torch::Tensor> plan_tags(torch::Tensor block_table, torch::Tensor expected, torch::Tensor seq_lens,
+                                     torch::Tensor token_writer, int64_t num_pages_seq, bool check_tags,
+                                     bool mask_foreign);
+
+// bindings.cpp: a tensor's dtype and device, named in the error when they are wrong
+void check_tensor(const torch::Tensor& t, c10::ScalarType dtype, const char* name);
