@@ -1,4 +1,5 @@
-"""The CPU kernels in csrc/ (decode attention in place, RMSNorm, RoPE): one C++ module.
+"""The CPU kernels in csrc/ (the decode plan, decode attention in place, prefill attention,
+RMSNorm, RoPE): one C++ module.
 
 Compiled once per machine with torch.utils.cpp_extension (g++ and ninja; about 40 s) into
 torch's extension cache (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). `make`
@@ -9,6 +10,7 @@ PAGEWARDEN_CPU_KERNELS=reference forces the references (benches compare the two)
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -24,7 +26,7 @@ ENV_VAR = "PAGEWARDEN_CPU_KERNELS"
 MODES = ("auto", "reference")
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = tuple(CSRC / name for name in (
-    "bindings.cpp", "decode_plan_cpu.cpp", "paged_attention_cpu.cpp", "norm_rope_cpu.cpp"))
+    "bindings.cpp", "decode_plan_cpu.cpp", "attention_cpu.cpp", "norm_rope_cpu.cpp"))
 # -march=native: the build is for the machine that runs it (the cache is per machine).
 # -ffp-contract=off: a*b + c stays two roundings, as in torch's eager ops (RoPE matches them
 # bit for bit); the attention's AVX-512 path asks for its FMAs explicitly.
@@ -48,12 +50,26 @@ def extension():
         from torch.utils.cpp_extension import load
 
         _put_ninja_on_path()
-        return load("pagewarden_cpu_kernels", [str(p) for p in SOURCES], extra_cflags=list(CFLAGS),
-                    extra_include_paths=[str(CSRC)], verbose=False)
+        return load(f"pagewarden_cpu_kernels_{_cpu_signature()}", [str(p) for p in SOURCES],
+                    extra_cflags=list(CFLAGS), extra_include_paths=[str(CSRC)], verbose=False)
     except Exception as exc:  # no compiler, no ninja, a read-only cache: the references still work
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         log.warning("CPU kernels unavailable, running the torch references: %s", first)
         return None
+
+
+def _cpu_signature() -> str:
+    """8 hex digits of this CPU's model and feature flags: a -march=native build lands in a
+    directory of its own per CPU kind, so a cache shared between unlike hosts (one home on
+    NFS) never hands one an instruction it lacks."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        import platform
+
+        lines = [platform.processor(), platform.machine()]
+    wanted = sorted({line for line in lines if line.startswith(("model name", "flags"))})
+    return hashlib.sha256("\n".join(wanted).encode()).hexdigest()[:8]
 
 
 def _put_ninja_on_path() -> None:

@@ -2,7 +2,7 @@
 
 - plan_decode (csrc/decode_plan_cpu.cpp): the reference's rule (kernels.paged_attention_ref
   .plan_decode, the oracle the tests hold it to) in one pass instead of ~20 torch ops.
-- attend_planned (csrc/paged_attention_cpu.cpp): the reference copies every page a step
+- attend_planned (csrc/attention_cpu.cpp): the reference copies every page a step
   reads into a private buffer before SDPA, in every layer; this reads each readable token
   where it lies and never touches a blocked one.
 
@@ -25,9 +25,11 @@ def plan_decode(block_table, expected_tags, seq_lens, token_writer, page_size: i
     naming a row whose table points outside the pool.
     """
     ext = cpu_extension.extension()
-    if ext is None or token_writer.device.type != "cpu":
+    if ext is None or any(t.device.type != "cpu" for t in (block_table, expected_tags, seq_lens, token_writer)):
         return paged_attention_ref.plan_decode(block_table, expected_tags, seq_lens, token_writer, page_size,
                                                check_tags, mask_foreign)
+    if token_writer.dim() != 2 or token_writer.shape[1] != page_size:
+        raise ValueError(f"token_writer must be [num_pages, page_size={page_size}], got {tuple(token_writer.shape)}")
     batch = block_table.shape[0]
     max_len = int(seq_lens.max()) if batch else 0
     num_pages_seq = -(-max_len // page_size)
@@ -41,9 +43,14 @@ def plan_decode(block_table, expected_tags, seq_lens, token_writer, page_size: i
                                           empty if bool(empty.any()) else None, foreign if check_tags else None)
 
 
-def usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether this step can run in the kernel: float32 on the CPU, and the kernel built."""
-    return k_cache.stride(3) == 1 and cpu_extension.usable(q, k_cache)
+def usable(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor | None = None,
+           out: torch.Tensor | None = None) -> bool:
+    """Whether this step can run in the kernel: float32 on the CPU (out too, when given), K
+    and V laid out alike with head_dim at unit stride, and the kernel built."""
+    v_cache = k_cache if v_cache is None else v_cache
+    tensors = (q, k_cache, v_cache) if out is None else (q, k_cache, v_cache, out)
+    return (k_cache.dim() == 4 and k_cache.stride(3) == 1 and v_cache.shape == k_cache.shape
+            and v_cache.stride() == k_cache.stride() and cpu_extension.usable(*tensors))
 
 
 def attend_planned(q, k_cache, v_cache, plan, *, scale: float, out: torch.Tensor | None = None,
@@ -55,7 +62,7 @@ def attend_planned(q, k_cache, v_cache, plan, *, scale: float, out: torch.Tensor
     kernel's plain loops. Raises RuntimeError (from the kernel) naming a shape, dtype or page
     that does not fit.
     """
-    if not usable(q, k_cache):
+    if not usable(q, k_cache, v_cache, out):
         return paged_attention_ref.attend_planned(q, k_cache, v_cache, plan, scale=scale, out=out)
     target = out if out is not None and out.is_contiguous() else torch.empty(q.shape, dtype=q.dtype)
     batch = q.shape[0]

@@ -4,10 +4,12 @@
 
 #include <vector>
 
-// paged_attention_cpu.cpp
+// attention_cpu.cpp
 bool vectorized_for(int64_t head_dim);
 void paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor pages,
                   torch::Tensor blocked, double scale, torch::Tensor out, bool vectorized);
+void causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor starts, double scale,
+                    torch::Tensor out, bool vectorized);
 
 // norm_rope_cpu.cpp
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);

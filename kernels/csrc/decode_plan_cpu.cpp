@@ -18,12 +18,15 @@ constexpr int64_t NO_WRITER = -1;  // engine.wire.page_tags.NO_WRITER (a test ch
 std::vector<torch::Tensor> plan_tags(torch::Tensor block_table, torch::Tensor expected, torch::Tensor seq_lens,
                                      torch::Tensor token_writer, int64_t num_pages_seq, bool check_tags,
                                      bool mask_foreign) {
+  TORCH_CHECK(block_table.device().is_cpu() && seq_lens.device().is_cpu(),
+              "block_table and seq_lens must be on the CPU");
   block_table = block_table.to(torch::kInt64).contiguous();
   seq_lens = seq_lens.to(torch::kInt64).contiguous();
-  expected = expected.contiguous();
+  expected = expected.to(torch::kInt64).contiguous();
   check_tensor(expected, torch::kInt64, "expected_tags");
   check_tensor(token_writer, torch::kInt64, "token_writer");
-  TORCH_CHECK(token_writer.dim() == 2 && token_writer.is_contiguous(), "token_writer must be contiguous [pages, page_size]");
+  TORCH_CHECK(token_writer.dim() == 2, "token_writer must be [pages, page_size]");
+  token_writer = token_writer.contiguous();
   const int64_t B = block_table.size(0), W = block_table.size(1);
   const int64_t num_pages = token_writer.size(0), PS = token_writer.size(1), P = num_pages_seq, T = P * PS;
   TORCH_CHECK(P <= W, "the step needs ", P, " pages per row but block_table has ", W);

@@ -102,6 +102,21 @@ def test_a_row_with_nothing_readable_is_zero(vectorized):
     assert_close(out, dense_oracle(case, tag_keep(case)), 1e-5)
 
 
+@pytest.mark.parametrize("vectorized", PATHS)
+def test_nan_in_the_query_or_a_readable_key_turns_the_row_to_nan_as_in_the_reference(vectorized):
+    """A NaN the row may read is the row's own problem and must show (the reference and SDPA
+    give NaN); it must not be quietly dropped as if that slot were blocked."""
+    case = build_case(torch.Generator().manual_seed(13), [9, 7, 5], head_dim=32, group=4)
+    case.q[0, 1, 3] = float("nan")
+    case.k_cache[int(case.block_table[1, 1]), 0] = float("nan")  # token 4 of row 1: readable
+    case.k_cache[int(case.block_table[2, 0]), 1, 0, 0] = float("inf")
+    out, _ = attend(case, vectorized)
+    want = dense_oracle(case, tag_keep(case))
+    for b in range(3):
+        assert out[b].isnan().tolist() == want[b].isnan().tolist(), b
+    assert out[0].isnan().any() and out[1].isnan().any() and out[2].isnan().any()
+
+
 def test_the_detector_without_the_defence_reads_foreign_slots():
     """mask_foreign=False (counting, not masking): the kernel reads what the plan leaves open,
     foreign slots included, exactly as the reference does."""
@@ -153,6 +168,26 @@ def test_bad_input_is_named_not_read(built):
         built.paged_decode(case.q.double(), case.k_cache, case.v_cache, plan.pages, blocked, 1.0, out, True)
     with pytest.raises(RuntimeError, match=r"blocked must be contiguous \[2, "):
         built.paged_decode(case.q, case.k_cache, case.v_cache, plan.pages, blocked[:, :3], 1.0, out, True)
+    no_heads = torch.zeros(4, 4, 0, 16)
+    with pytest.raises(RuntimeError, match="query heads 4 are not a multiple of kv heads 0"):
+        built.paged_decode(case.q, no_heads, no_heads, plan.pages, blocked, 1.0, out, True)
+
+
+def test_what_the_kernel_cannot_take_goes_to_the_reference():
+    """A float64 out, V laid out unlike K, or a V that wants a gradient (which the kernel
+    would silently drop): not the kernel's."""
+    case = build_case(torch.Generator().manual_seed(14), [5, 12], head_dim=32)
+    plan = plan_decode(case.block_table, case.expected, case.seq_lens, case.token_writer, case.page_size)
+    want = dense_oracle(case, tag_keep(case))
+    out64 = torch.empty(case.q.shape, dtype=torch.float64)
+    assert not paged_attention_cpu.usable(case.q, case.k_cache, case.v_cache, out64)
+    v_apart = case.v_cache.contiguous()
+    assert not paged_attention_cpu.usable(case.q, case.k_cache, v_apart)
+    v_grad = case.v_cache.clone().requires_grad_()
+    assert not paged_attention_cpu.usable(case.q, case.k_cache, v_grad)
+    for v, out in ((case.v_cache, out64), (v_apart, None)):
+        got = paged_attention_cpu.attend_planned(case.q, case.k_cache, v, plan, scale=case.scale, out=out)
+        assert_close(got, want, 1e-5)
 
 
 def test_the_torch_backend_attends_in_place_unless_told_not_to(monkeypatch):
@@ -246,6 +281,32 @@ def test_plan_errors_name_the_row_and_the_limit():
         paged_attention_cpu.plan_decode(outside, case.expected, case.seq_lens, case.token_writer, case.page_size)
 
 
+def test_plan_checks_each_page_against_its_own_columns_epoch():
+    """A page re-granted in a newer epoch that still holds the older epoch's tokens: same
+    slot, same request, wrong epoch for that column. Foreign, and masked."""
+    case = build_case(torch.Generator().manual_seed(0), [8], page_size=4)
+    case.expected[0, 0], case.expected[0, 1] = make_tag(1, 10), make_tag(1, 11)
+    case.token_writer[int(case.block_table[0, 0])] = make_tag(1, 10)
+    case.token_writer[int(case.block_table[0, 1])] = make_tag(1, 10)  # stale
+    args = (case.block_table, case.expected, case.seq_lens, case.token_writer, 4)
+    plan = paged_attention_cpu.plan_decode(*args)
+    assert plan.violations.tolist() == [[4, 0]]
+    assert plan.blocked.view(-1)[:8].tolist() == [False] * 4 + [True] * 4
+    assert_same_plan(plan, paged_attention_ref.plan_decode(*args))
+
+
+def test_plan_takes_what_the_reference_takes_and_names_a_page_size_mismatch():
+    case = build_case(torch.Generator().manual_seed(1), [9, 3], page_size=4)
+    want = paged_attention_ref.plan_decode(case.block_table, case.expected, case.seq_lens, case.token_writer, 4)
+    wide = torch.zeros(case.token_writer.shape[0], 8, dtype=torch.int64)
+    wide[:, ::2] = case.token_writer  # a non-contiguous view of the same tags
+    got = paged_attention_cpu.plan_decode(case.block_table.long(), case.expected.to(torch.int64), case.seq_lens,
+                                          wide[:, ::2], 4)
+    assert_same_plan(got, want)
+    with pytest.raises(ValueError, match=r"token_writer must be \[num_pages, page_size=8\], got \(\d+, 4\)"):
+        paged_attention_cpu.plan_decode(case.block_table, case.expected, case.seq_lens, case.token_writer, 8)
+
+
 def test_plan_no_writer_is_the_engines():
     """decode_plan_cpu.cpp writes NO_WRITER as -1: an unwritten slot must count as unwritten."""
     case = build_case(torch.Generator().manual_seed(3), [4])
@@ -267,6 +328,13 @@ def test_rms_norm_matches_the_formula(built, shape):
     assert got.shape == x.shape and got.dtype == torch.float32
     if x.numel():
         assert_close(got, expected, 1e-6)
+
+
+def test_rms_norm_adds_eps_inside_the_root(built):
+    x = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.5, -0.5, 0.5, -0.5]])
+    got = built.rms_norm(x, torch.ones(4), 0.75)
+    assert got[0].eq(0).all()  # a zero row stays zero, not NaN
+    assert torch.allclose(got[1], x[1] / (0.25 + 0.75) ** 0.5)
 
 
 def test_rms_norm_names_a_weight_that_does_not_fit(built):
@@ -319,3 +387,69 @@ def test_the_model_uses_them_only_where_no_gradient_is_wanted(monkeypatch):
     assert calls == ["rms_norm", "rope_"]
     out = norm(x)  # grad enabled, weight is a parameter
     assert out.grad_fn is not None and calls == ["rms_norm", "rope_"]
+
+
+# ---- prefill: causal attention over a pass's own K/V (csrc/attention_cpu.cpp) -------------
+
+def causal_oracle(q, k, v, lens):
+    """float64, sequence by sequence, query heads grouped over KV heads."""
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    group, start = q.shape[1] // k.shape[1], 0
+    for n in lens:
+        qs, ks, vs = (t[start:start + n].double() for t in (q, k, v))
+        ks, vs = ks.repeat_interleave(group, dim=1), vs.repeat_interleave(group, dim=1)
+        scores = torch.einsum("thd,shd->hts", qs, ks) * q.shape[-1] ** -0.5
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        out[start:start + n] = torch.einsum("hts,shd->thd", torch.softmax(scores, dim=-1), vs)
+        start += n
+    return out
+
+
+def fused_qkv(gen, tokens, heads, kv_heads, head_dim):
+    """q, k, v as the model makes them: views into one [T, (H + 2 KVH) D] projection output."""
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen)
+    q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+    k = qkv[:, heads * head_dim: (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    v = qkv[:, (heads + kv_heads) * head_dim:].view(tokens, kv_heads, head_dim)
+    return q, k, v
+
+
+@pytest.mark.parametrize("vectorized", PATHS)
+@pytest.mark.parametrize("kv_heads,group,head_dim", [(1, 8, 128), (3, 3, 64), (2, 1, 16), (1, 5, 40)])
+def test_causal_prefill_matches_the_oracle(built, vectorized, kv_heads, group, head_dim):
+    lens = [1, 17, 0, 64, 3]
+    q, k, v = fused_qkv(torch.Generator().manual_seed(head_dim), sum(lens), kv_heads * group, kv_heads, head_dim)
+    starts = torch.tensor([0, 1, 18, 18, 82, 85], dtype=torch.int64)
+    out = torch.full(q.shape, float("nan"))
+    built.causal_prefill(q, k, v, starts, head_dim ** -0.5, out, vectorized)
+    assert_close(out, causal_oracle(q, k, v, lens), 1e-5)
+
+
+def test_the_model_prefills_through_the_kernel_and_the_reference_alike(monkeypatch):
+    """DenseCausalAttention takes the kernel under inference, SDPA otherwise; same answer."""
+    from engine.attention import DenseCausalAttention
+
+    lens = [5, 33, 1]
+    q, k, v = fused_qkv(torch.Generator().manual_seed(2), sum(lens), 6, 2, 32)
+    calls = []
+    ext = cpu_extension.extension()
+    monkeypatch.setattr(cpu_extension, "extension", lambda: calls.append(1) or ext)
+    with torch.inference_mode():
+        fast = DenseCausalAttention(lens).attend(0, q, k, v)
+    assert calls
+    calls.clear()
+    monkeypatch.setattr(DenseCausalAttention, "CPU_KERNEL_MAX_TOKENS", 32)  # 33 tokens: SDPA
+    with torch.inference_mode():
+        slow = DenseCausalAttention(lens).attend(0, q, k, v)
+    assert not calls
+    assert_close(fast, causal_oracle(q, k, v, lens), 1e-5)
+    assert_close(slow, causal_oracle(q, k, v, lens), 1e-5)
+
+
+def test_causal_prefill_names_bounds_that_do_not_fit(built):
+    q, k, v = fused_qkv(torch.Generator().manual_seed(3), 10, 4, 2, 16)
+    out = torch.empty(q.shape)
+    with pytest.raises(RuntimeError, match="starts must run from 0 to 10"):
+        built.causal_prefill(q, k, v, torch.tensor([0, 4, 9]), 1.0, out, True)
+    with pytest.raises(RuntimeError, match="starts must not decrease"):
+        built.causal_prefill(q, k, v, torch.tensor([0, 6, 4, 10]), 1.0, out, True)

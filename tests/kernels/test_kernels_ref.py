@@ -32,7 +32,8 @@ def make_tag(slot: int, epoch: int) -> int:
 def build_case(gen, lens, *, kv_heads=2, group=2, head_dim=8, page_size=4, num_layers=3,
                layer=1, spare_pages=4, dtype=torch.float32):
     """A pool with every sequence's pages scattered at random, each needed token slot tagged
-    by its sequence (slots past a sequence's end: nobody)."""
+    by its sequence (slots past a sequence's end: nobody). Each page column has an epoch of
+    its own, as the engine's grants do: a check against the wrong column's tag fails."""
     pages_per_seq = [-(-n // page_size) for n in lens]
     width = max(pages_per_seq, default=0) + 1  # always at least one padding column
     num_pages = sum(pages_per_seq) + spare_pages
@@ -43,8 +44,8 @@ def build_case(gen, lens, *, kv_heads=2, group=2, head_dim=8, page_size=4, num_l
     # spare pages hold some other request's tokens
     token_writer = torch.full((num_pages, page_size), make_tag(999, 7), dtype=torch.int64)
     for b, n in enumerate(lens):
-        tag = make_tag(b + 1, int(torch.randint(0, 2**32, (1,), generator=gen)))
         for j in range(width):
+            tag = make_tag(b + 1, int(torch.randint(0, 2**32, (1,), generator=gen)))
             expected[b, j] = tag
             if j < pages_per_seq[b]:
                 page = order.pop()

@@ -1,15 +1,16 @@
-// Paged decode attention for the CPU worker: each query reads its K/V where they lie in the pool.
+// Attention for the CPU worker: decode over the pool's pages in place, and prefill over a
+// pass's own fresh K/V; both share one per-row routine (scores, softmax, weighted V sum).
 //
-// The torch reference (kernels/paged_attention_ref.py) gathers every page a step reads into
-// a private copy, zeroes the blocked slots, then runs SDPA: the copy is written and read
-// again in every layer. This reads each readable token's K and V once, in place, and never
-// touches a blocked slot (another writer's, unwritten, or past the sequence), so a poisoned
-// or foreign slot cannot reach the output even as 0 * NaN. Which slots are blocked is the
-// plan's decision (invariant I1, checked once per step in Python); this file only obeys it.
+// Decode: the torch reference (kernels/paged_attention_ref.py) gathers every page a step
+// reads into a private copy, zeroes the blocked slots, then runs SDPA: the copy is written
+// and read again in every layer. This reads each readable token's K and V once, in place, and
+// never touches a blocked slot (another writer's, unwritten, or past the sequence), so a
+// poisoned or foreign slot cannot reach the output even as 0 * NaN. Which slots are blocked
+// is the plan's decision (invariant I1, decode_plan_cpu.cpp); this file only obeys it.
 //
-// Built by torch.utils.cpp_extension (kernels/paged_attention_cpu.py) with -march=native:
-// on AVX-512 machines the scores and the V sum run on 16-float vectors; elsewhere (or for a
-// head_dim that is not a multiple of 16) a plain loop computes the same thing.
+// Built with -march=native: on AVX-512 machines the scores and the V sum run on 16-float
+// vectors; elsewhere (or for a head_dim that is not a multiple of 16) plain loops compute
+// the same thing.
 #include "cpu_kernels.h"
 #include <ATen/Parallel.h>
 
@@ -62,11 +63,13 @@ void attend_generic(const Row& r, float* s) {
 
 #if defined(__AVX512F__)
 // exp(x) for x <= 0 (a softmax after its max): Cody-Waite reduction, degree-6 polynomial,
-// relative error about 2e-7; x below -87 gives 0 (as expf's underflow does, to a float's eyes)
+// relative error about 2e-7; x below -87 gives 0 (as expf's underflow does, to a float's
+// eyes); NaN stays NaN, so a NaN score (NaN in q or in a readable K) turns its row to NaN,
+// as in the plain loops and the torch reference
 inline __m512 exp_avx512(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.3f);
   const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  x = _mm512_max_ps(x, lo);
+  x = _mm512_max_ps(lo, x);  // operand order: a NaN x comes through (max_ps returns its second on NaN)
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -249,7 +252,7 @@ void paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t num_pages = k_cache.size(0), PS = k_cache.size(1), KVH = k_cache.size(2);
   TORCH_CHECK(k_cache.size(3) == D && k_cache.stride(3) == 1, "k_cache must have head_dim ", D, " at unit stride");
-  TORCH_CHECK(H % KVH == 0, "query heads ", H, " are not a multiple of kv heads ", KVH);
+  TORCH_CHECK(KVH > 0 && H % KVH == 0, "query heads ", H, " are not a multiple of kv heads ", KVH);
   TORCH_CHECK(pages.dim() == 2 && pages.size(0) == B && pages.is_contiguous(), "pages must be contiguous [", B, ", P]");
   const int64_t P = pages.size(1), T = P * PS, G = H / KVH;
   TORCH_CHECK(blocked.dim() == 2 && blocked.size(0) == B && blocked.size(1) == T && blocked.is_contiguous(),
@@ -294,6 +297,71 @@ void paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
       }
 #endif
       attend_generic(r, scores.data() + 16);
+    }
+  });
+}
+
+// Causal self-attention of a prefill pass over its own fresh K/V (no pool): query token i of
+// a sequence attends tokens start..i of that sequence, with the same per-row code as decode.
+// q [T, H, D], k/v [T, KVH, D], each with unit stride in D; starts [S + 1] int64, the packed
+// sequences' bounds; out [T, H, D] contiguous. Work goes out in blocks of 16 query tokens
+// per sequence and KV head. Each query re-reads its keys, O(n^2) reads per sequence: the
+// caller keeps long sequences on SDPA, whose blocked loops read K once per query block.
+void causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor starts, double scale,
+                    torch::Tensor out, bool vectorized) {
+  check_tensor(q, torch::kFloat32, "q");
+  check_tensor(k, torch::kFloat32, "k");
+  check_tensor(v, torch::kFloat32, "v");
+  check_tensor(starts, torch::kInt64, "starts");
+  check_tensor(out, torch::kFloat32, "out");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && k.sizes() == v.sizes() && k.strides() == v.strides(),
+              "q must be [tokens, heads, head_dim], k and v [tokens, kv_heads, head_dim] with one stride");
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k.size(1);
+  TORCH_CHECK(k.size(0) == T && k.size(2) == D && KVH > 0 && H % KVH == 0, "q ", q.sizes(), " and k ", k.sizes(),
+              " do not fit");
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == D && k.stride(2) == 1,
+              "head_dim must be at unit stride and q's heads packed");
+  TORCH_CHECK(out.is_contiguous() && out.sizes() == q.sizes(), "out must be contiguous like q");
+  TORCH_CHECK(starts.dim() == 1 && starts.is_contiguous() && starts.numel() >= 1, "starts must be [sequences + 1]");
+  const int64_t S = starts.numel() - 1, G = H / KVH;
+  const int64_t* st = starts.data_ptr<int64_t>();
+  TORCH_CHECK(st[0] == 0 && st[S] == T, "starts must run from 0 to ", T);
+  for (int64_t s = 0; s < S; ++s) TORCH_CHECK(st[s] <= st[s + 1], "starts must not decrease");
+  vectorized = vectorized && vectorized_for(D);
+  struct Job { int64_t seq, head, first, last; };
+  std::vector<Job> jobs;
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t h = 0; h < KVH; ++h)
+      for (int64_t i = st[s]; i < st[s + 1]; i += 16) jobs.push_back({s, h, i, std::min(i + 16, st[s + 1])});
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t qs = q.stride(0), ks = k.stride(0), kh = k.stride(1);
+  at::parallel_for(0, static_cast<int64_t>(jobs.size()), 1, [&](int64_t lo, int64_t hi) {
+    std::vector<const float*> kptr, vptr;
+    std::vector<float> scores;
+    for (int64_t j = lo; j < hi; ++j) {
+      const Job& job = jobs[j];
+      const int64_t start = st[job.seq], n_max = job.last - start;
+      kptr.resize(n_max);
+      vptr.resize(n_max);
+      scores.resize(16 + G * n_max);
+      for (int64_t t = 0; t < n_max; ++t) {
+        kptr[t] = kp + (start + t) * ks + job.head * kh;
+        vptr[t] = vp + (start + t) * ks + job.head * kh;
+      }
+      for (int64_t i = job.first; i < job.last; ++i) {
+        const Row r{qp + i * qs + job.head * G * D, kptr.data(), vptr.data(), i - start + 1, G, D,
+                    static_cast<float>(scale), op + (i * H + job.head * G) * D};
+#if defined(__AVX512F__)
+        if (vectorized) {
+          attend_avx512(r, scores.data() + 16);
+          continue;
+        }
+#endif
+        attend_generic(r, scores.data() + 16);
+      }
     }
   });
 }
