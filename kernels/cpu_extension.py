@@ -50,7 +50,7 @@ def extension():
         from torch.utils.cpp_extension import load
 
         _put_ninja_on_path()
-        return load(f"pagewarden_cpu_kernels_{_cpu_signature()}", [str(p) for p in SOURCES],
+        return load(f"pagewarden_cpu_kernels_{build_key()}", [str(p) for p in SOURCES],
                     extra_cflags=list(CFLAGS), extra_include_paths=[str(CSRC)], verbose=False)
     except Exception as exc:  # no compiler, no ninja, a read-only cache: the references still work
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
@@ -58,18 +58,26 @@ def extension():
         return None
 
 
-def _cpu_signature() -> str:
-    """8 hex digits of this CPU's model and feature flags: a -march=native build lands in a
-    directory of its own per CPU kind, so a cache shared between unlike hosts (one home on
-    NFS) never hands one an instruction it lacks."""
+def build_key() -> str:
+    """12 hex digits naming the build directory: this CPU's model and feature flags, where the
+    sources are, what they say, and the flags. So a -march=native build is never handed to a
+    CPU that lacks its instructions (a cache shared over NFS), and two checkouts or versions
+    on one machine (a CI clone beside a working tree) each keep their own build instead of
+    rebuilding over each other's (torch's cache keys a build by name only)."""
     try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         import platform
 
-        lines = [platform.processor(), platform.machine()]
-    wanted = sorted({line for line in lines if line.startswith(("model name", "flags"))})
-    return hashlib.sha256("\n".join(wanted).encode()).hexdigest()[:8]
+        cpu = [platform.processor(), platform.machine()]
+    digest = hashlib.sha256()
+    for line in sorted({line for line in cpu if line.startswith(("model name", "flags"))}):
+        digest.update(line.encode())
+    for path in (*SOURCES, CSRC / "cpu_kernels.h"):
+        digest.update(str(path.resolve()).encode())
+        digest.update(path.read_bytes())
+    digest.update(" ".join(CFLAGS).encode())
+    return digest.hexdigest()[:12]
 
 
 def _put_ninja_on_path() -> None:

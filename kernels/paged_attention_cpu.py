@@ -30,13 +30,7 @@ def plan_decode(block_table, expected_tags, seq_lens, token_writer, page_size: i
                                                check_tags, mask_foreign)
     if token_writer.dim() != 2 or token_writer.shape[1] != page_size:
         raise ValueError(f"token_writer must be [num_pages, page_size={page_size}], got {tuple(token_writer.shape)}")
-    batch = block_table.shape[0]
-    max_len = int(seq_lens.max()) if batch else 0
-    num_pages_seq = -(-max_len // page_size)
-    if num_pages_seq > block_table.shape[1]:
-        raise ValueError(
-            f"seq_len {max_len} needs {num_pages_seq} pages but block_table has {block_table.shape[1]}"
-        )
+    num_pages_seq = paged_attention_ref.pages_needed(block_table, seq_lens, page_size)
     pages, blocked, violations, foreign, empty = ext.plan_tags(
         block_table, expected_tags, seq_lens, token_writer, num_pages_seq, check_tags, mask_foreign)
     return paged_attention_ref.DecodePlan(pages, blocked[:, :, None, None], violations,

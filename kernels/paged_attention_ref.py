@@ -81,6 +81,17 @@ class DecodePlan:
 NO_WRITER = -1  # the tag of a slot nothing wrote since its last scrub (engine.wire.page_tags)
 
 
+def pages_needed(block_table, seq_lens, page_size: int) -> int:
+    """Page columns the longest row needs; raises ValueError when block_table has fewer."""
+    max_len = int(seq_lens.max()) if block_table.shape[0] else 0
+    num_pages_seq = -(-max_len // page_size)
+    if num_pages_seq > block_table.shape[1]:
+        raise ValueError(
+            f"seq_len {max_len} needs {num_pages_seq} pages but block_table has {block_table.shape[1]}"
+        )
+    return num_pages_seq
+
+
 def plan_decode(block_table, expected_tags, seq_lens, token_writer, page_size: int,
                 check_tags: bool = True, mask_foreign: bool = True) -> DecodePlan:
     """Resolve pages, the I1 mask and the violation counts for one decode step.
@@ -90,12 +101,7 @@ def plan_decode(block_table, expected_tags, seq_lens, token_writer, page_size: i
     detector on). Raises ValueError when a seq_len needs more pages than block_table holds.
     """
     batch = block_table.shape[0]
-    max_len = int(seq_lens.max()) if batch else 0
-    num_pages_seq = -(-max_len // page_size)
-    if num_pages_seq > block_table.shape[1]:
-        raise ValueError(
-            f"seq_len {max_len} needs {num_pages_seq} pages but block_table has {block_table.shape[1]}"
-        )
+    num_pages_seq = pages_needed(block_table, seq_lens, page_size)
     block_table, expected_tags = block_table[:, :num_pages_seq], expected_tags[:, :num_pages_seq]
     device = block_table.device
     page_start = torch.arange(num_pages_seq, device=device) * page_size

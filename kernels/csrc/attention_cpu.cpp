@@ -165,6 +165,15 @@ void pv_heads(const Row& r, const float* s, int64_t g0) {
   }
 }
 
+// the K rows of tokens t0 .. t0+N (fewer at the end: the rest repeat row t0, computed and
+// never stored); returns how many are real
+template <int N>
+inline int64_t block_rows(const float* const* k, int64_t t0, int64_t n, const float** kp) {
+  const int64_t m = std::min<int64_t>(N, n - t0);
+  for (int j = 0; j < N; ++j) kp[j] = k[t0 + (j < m ? j : 0)];
+  return m;
+}
+
 // one row: scores, softmax, then the weighted sum of V; s holds G * n floats after 16 of slack
 void attend_avx512(const Row& r, float* s) {
   const int64_t G = r.G, D = r.D, n = r.n, NC = D / 16;
@@ -176,9 +185,8 @@ void attend_avx512(const Row& r, float* s) {
     float* s0 = s + g * n;
     float* s1 = s0 + n;
     for (int64_t t0 = 0; t0 < n; t0 += 8) {
-      const int64_t m = std::min<int64_t>(8, n - t0);
       const float* kp[8];
-      for (int j = 0; j < 8; ++j) kp[j] = r.k[t0 + (j < m ? j : 0)];
+      const int64_t m = block_rows<8>(r.k, t0, n, kp);
       __m512 acc[16];
       for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
       for (int64_t c = 0; c < NC; ++c) {
@@ -199,9 +207,8 @@ void attend_avx512(const Row& r, float* s) {
     const float* qg = r.q + g * D;
     float* sg = s + g * n;
     for (int64_t t0 = 0; t0 < n; t0 += 16) {
-      const int64_t m = std::min<int64_t>(16, n - t0);
       const float* kp[16];
-      for (int j = 0; j < 16; ++j) kp[j] = r.k[t0 + (j < m ? j : 0)];
+      const int64_t m = block_rows<16>(r.k, t0, n, kp);
       __m512 acc[16];
       for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
       for (int64_t c = 0; c < NC; ++c) {

@@ -20,6 +20,7 @@ from tests.kernels.test_kernels_ref import (
     _poison_blocked_slots,
     assert_close,
     build_case,
+    corrupt_some_pages,
     dense_oracle,
     make_tag,
     oracle_violations,
@@ -45,6 +46,21 @@ def attend(case, vectorized=True, plan=None):
     out = paged_attention_cpu.attend_planned(case.q, case.k_cache, case.v_cache, plan, scale=case.scale,
                                              vectorized=vectorized)
     return out, plan
+
+
+def test_the_build_key_changes_with_the_sources_and_their_place(tmp_path, monkeypatch):
+    key = cpu_extension.build_key()
+    assert key == cpu_extension.build_key() and len(key) == 12
+    copy = tmp_path / "csrc"
+    copy.mkdir()
+    for path in (*cpu_extension.SOURCES, cpu_extension.CSRC / "cpu_kernels.h"):
+        (copy / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setattr(cpu_extension, "CSRC", copy)
+    monkeypatch.setattr(cpu_extension, "SOURCES", tuple(copy / p.name for p in cpu_extension.SOURCES))
+    moved = cpu_extension.build_key()
+    assert moved != key  # another checkout: its own build
+    (copy / "norm_rope_cpu.cpp").write_text((copy / "norm_rope_cpu.cpp").read_text() + "\n// changed\n")
+    assert cpu_extension.build_key() != moved
 
 
 def test_the_kernel_builds_on_this_machine(built):
@@ -218,15 +234,7 @@ def test_property_matches_oracle(lens, kv_heads, group, head_dim, page_size, see
     gen = torch.Generator().manual_seed(seed)
     case = build_case(gen, lens, kv_heads=kv_heads, group=group, head_dim=head_dim, page_size=page_size)
     if corrupt:
-        used = [(b, j) for b, n in enumerate(lens) for j in range(-(-n // page_size))]
-        for b, j in used[::3]:
-            page = int(case.block_table[b, j])
-            slot = int(torch.randint(0, page_size, (1,), generator=gen))
-            if int(torch.randint(0, 2, (1,), generator=gen)):
-                case.token_writer[page, slot] = make_tag(500, b)
-            else:
-                case.token_writer[page, slot:] = NO_WRITER
-            case.k_cache[page, slot] = float("nan")
+        corrupt_some_pages(case, lens, gen, poison=True)
     out, plan = attend(case, vectorized)
     assert_close(out, dense_oracle(case, tag_keep(case)), 1e-5)
     assert torch.equal(plan.violations, oracle_violations(case))

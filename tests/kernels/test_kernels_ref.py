@@ -119,6 +119,22 @@ def plant_foreign_and_underfilled(case, foreign=(0, 1), underfilled=(2, 0), fill
     case.token_writer[int(case.block_table[underfilled]), filled_to:] = NO_WRITER
 
 
+def corrupt_some_pages(case, lens, gen, *, poison=False):
+    """Every third page a row uses: one slot gets another request's tag, or the page is
+    unwritten from one slot on. poison: NaN in that slot's K too (it must stay unread)."""
+    page_size = case.page_size
+    used = [(b, j) for b, n in enumerate(lens) for j in range(-(-n // page_size))]
+    for b, j in used[::3]:
+        page = int(case.block_table[b, j])
+        slot = int(torch.randint(0, page_size, (1,), generator=gen))
+        if int(torch.randint(0, 2, (1,), generator=gen)):
+            case.token_writer[page, slot] = make_tag(500, b)
+        else:
+            case.token_writer[page, slot:] = NO_WRITER
+        if poison:
+            case.k_cache[page, slot] = float("nan")
+
+
 def assert_close(actual, expected, rtol, msg=""):
     scale = expected.abs().max().clamp_min(1e-30)
     err = ((actual.double() - expected.double()).abs().max() / scale).item()
@@ -271,14 +287,7 @@ def test_reference_property_matches_oracle(lens, kv_heads, group, head_dim, page
     gen = torch.Generator().manual_seed(seed)
     case = build_case(gen, lens, kv_heads=kv_heads, group=group, head_dim=head_dim, page_size=page_size)
     if corrupt:
-        used = [(b, j) for b, n in enumerate(lens) for j in range(-(-n // page_size))]
-        for b, j in used[:: 3]:
-            page = int(case.block_table[b, j])
-            slot = int(torch.randint(0, page_size, (1,), generator=gen))
-            if int(torch.randint(0, 2, (1,), generator=gen)):
-                case.token_writer[page, slot] = make_tag(500, b)
-            else:
-                case.token_writer[page, slot:] = NO_WRITER
+        corrupt_some_pages(case, lens, gen)
     out, violations = run_kernel(paged_decode_attention, case)
     assert_close(out, dense_oracle(case, tag_keep(case)), 1e-5)
     assert torch.equal(violations, oracle_violations(case))
