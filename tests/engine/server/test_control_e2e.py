@@ -65,6 +65,8 @@ def test_reconfigure_validates_reports_and_applies(start_server):
     # restarts each
     part = max(1, len(os.sched_getaffinity(0)) // 2)
     assert [(w["threads"], w["threads_shared"]) for w in status["workers"]] == [(part, False)] * 2
+    # and says what its decode attention runs on (the C++ module is built here and in CI)
+    assert all(w["attention"].startswith("in place, C++") for w in status["workers"]), status["workers"]
     threads = client.reconfigure({"workers": {"threads": 3}}, apply=True)
     assert sorted(threads["restart"]) == ["decode-0", "prefill-0"]
     deadline = time.monotonic() + 120
