@@ -1,7 +1,7 @@
 """The CPU kernels in csrc/ (the decode plan, decode attention in place, prefill attention,
 RMSNorm, RoPE): one C++ module.
 
-Compiled once per machine with torch.utils.cpp_extension (g++ and ninja; about 40 s) into
+Compiled once per machine with torch.utils.cpp_extension (g++ and ninja; 1–2 minutes on 2 cores) into
 torch's extension cache (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). `make`
 builds it ahead (`python -m kernels.cpu_extension`); a process that finds it stale builds it,
 and one that cannot (no compiler) runs the torch references and says why once.
