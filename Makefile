@@ -50,8 +50,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile kernels/csrc/*.cpp kernels/csr
 		$(PY) -m pip install --quiet torch==2.13.0; \
 	fi
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
-	# the CPU kernels (decode attention, RMSNorm, RoPE), compiled once for this machine (1–2 minutes on 2 cores); without
-	# a compiler the engine falls back to the torch reference, and this says so
+	# the CPU kernels (kernels/csrc: the decode plan, attention, RMSNorm, RoPE), compiled once for
+	# this machine (1–2 minutes on 2 cores); without a compiler the engine falls back to the
+	# torch references, and this says so
 	$(PY) -m kernels.cpu_extension || true
 	touch $(STAMP)
 

@@ -174,7 +174,7 @@ inline int64_t block_rows(const float* const* k, int64_t t0, int64_t n, const fl
   return m;
 }
 
-// one row: scores, softmax, then the weighted sum of V; s holds G * n floats after 16 of slack
+// one row: scores, softmax, then the weighted sum of V; s holds G * n floats after kScoreSlack
 void attend_avx512(const Row& r, float* s) {
   const int64_t G = r.G, D = r.D, n = r.n, NC = D / 16;
   const __m512 sc = _mm512_set1_ps(r.scale);
@@ -228,6 +228,21 @@ void attend_avx512(const Row& r, float* s) {
 }
 #endif
 
+// one row on the path this build and head_dim allow; s: the row's G * n scores, after
+// kScoreSlack floats that the AVX-512 path's masked stores may address but never write
+constexpr int64_t kScoreSlack = 16;
+
+void attend_row(const Row& r, float* s, bool vectorized) {
+#if defined(__AVX512F__)
+  if (vectorized) {
+    attend_avx512(r, s);
+    return;
+  }
+#endif
+  (void)vectorized;
+  attend_generic(r, s);
+}
+
 }  // namespace
 
 bool vectorized_for(int64_t D) {
@@ -279,7 +294,7 @@ void paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
   const int64_t page_stride = k_cache.stride(0), tok_stride = k_cache.stride(1), head_stride = k_cache.stride(2);
   at::parallel_for(0, B * KVH, 1, [&](int64_t lo, int64_t hi) {
     std::vector<const float*> kptr(T), vptr(T);
-    std::vector<float> scores(16 + G * T);
+    std::vector<float> scores(kScoreSlack + G * T);
     for (int64_t job = lo; job < hi; ++job) {
       const int64_t b = job / KVH, h = job % KVH;
       const bool* blk = bl + b * T;
@@ -297,13 +312,7 @@ void paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
         continue;
       }
       const Row r{qp + (b * H + h * G) * D, kptr.data(), vptr.data(), n, G, D, static_cast<float>(scale), o};
-#if defined(__AVX512F__)
-      if (vectorized) {
-        attend_avx512(r, scores.data() + 16);
-        continue;
-      }
-#endif
-      attend_generic(r, scores.data() + 16);
+      attend_row(r, scores.data() + kScoreSlack, vectorized);
     }
   });
 }
@@ -353,7 +362,7 @@ void causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Te
       const int64_t start = st[job.seq], n_max = job.last - start;
       kptr.resize(n_max);
       vptr.resize(n_max);
-      scores.resize(16 + G * n_max);
+      scores.resize(kScoreSlack + G * n_max);
       for (int64_t t = 0; t < n_max; ++t) {
         kptr[t] = kp + (start + t) * ks + job.head * kh;
         vptr[t] = vp + (start + t) * ks + job.head * kh;
@@ -361,13 +370,7 @@ void causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Te
       for (int64_t i = job.first; i < job.last; ++i) {
         const Row r{qp + i * qs + job.head * G * D, kptr.data(), vptr.data(), i - start + 1, G, D,
                     static_cast<float>(scale), op + (i * H + job.head * G) * D};
-#if defined(__AVX512F__)
-        if (vectorized) {
-          attend_avx512(r, scores.data() + 16);
-          continue;
-        }
-#endif
-        attend_generic(r, scores.data() + 16);
+        attend_row(r, scores.data() + kScoreSlack, vectorized);
       }
     }
   });
