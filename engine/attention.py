@@ -18,8 +18,10 @@ from kernels.backend import KernelSet
 
 
 class DenseCausalAttention:
-    # the C++ kernel re-reads each query's keys (O(n^2) reads); measured faster than SDPA up
-    # to 8,192 tokens a sequence on this machine class (bench/RESULTS.md), SDPA beyond
+    # the C++ kernel re-reads each query's keys (O(n^2) reads); with its vector path it was
+    # measured faster than SDPA up to 8,192 tokens a sequence (AVX-512: 1.5-3.5x; AVX2: 1.3-2.2x,
+    # bench/RESULTS.md), SDPA beyond. Its plain loops are 5-7x slower than SDPA: where the build
+    # has no vector path for the head_dim, prefill stays on SDPA
     CPU_KERNEL_MAX_TOKENS = 8192
 
     def __init__(self, seq_lens: list[int]):
@@ -33,7 +35,8 @@ class DenseCausalAttention:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if (self.longest <= self.CPU_KERNEL_MAX_TOKENS and q.stride(2) == 1 and q.stride(1) == q.shape[2]
-                and k.stride(2) == 1 and k.stride() == v.stride() and cpu_extension.usable(q, k, v)):
+                and k.stride(2) == 1 and k.stride() == v.stride() and cpu_extension.usable(q, k, v)
+                and cpu_extension.extension().vectorized_for(q.shape[-1])):
             if self.starts is None:
                 self.starts = torch.tensor([0] + [end for _, end in self.bounds], dtype=torch.int64)
             out = torch.empty(q.shape, dtype=q.dtype)

@@ -29,7 +29,7 @@ SOURCES = tuple(CSRC / name for name in (
     "bindings.cpp", "decode_plan_cpu.cpp", "attention_cpu.cpp", "norm_rope_cpu.cpp"))
 # -march=native: the build is for the machine that runs it (the cache is per machine).
 # -ffp-contract=off: a*b + c stays two roundings, as in torch's eager ops (RoPE matches them
-# bit for bit); the attention's AVX-512 path asks for its FMAs explicitly.
+# bit for bit); the attention's vector paths (AVX-512, AVX2) ask for their FMAs explicitly.
 CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp-simd")
 
 
@@ -111,7 +111,7 @@ def describe() -> str:
     ext = extension()
     if ext is None:
         return "torch reference (gather + SDPA)"
-    return f"in place, C++ ({'AVX-512' if ext.vectorized_for(128) else 'plain loops'})"
+    return f"in place, C++ ({ext.vector_isa() or 'plain loops'})"
 
 
 def main() -> int:

@@ -9,8 +9,8 @@
 // is the plan's decision (invariant I1, decode_plan_cpu.cpp); this file only obeys it.
 //
 // Built with -march=native: on AVX-512 machines the scores and the V sum run on 16-float
-// vectors; elsewhere (or for a head_dim that is not a multiple of 16) plain loops compute
-// the same thing.
+// vectors, on AVX2 + FMA machines (AMD Zen, older Intel) on 8-float ones; elsewhere (or for a
+// head_dim that is not a multiple of the vector) plain loops compute the same thing.
 #include "cpu_kernels.h"
 #include <ATen/Parallel.h>
 
@@ -20,6 +20,12 @@
 #include <vector>
 #if defined(__AVX512F__)
 #include <immintrin.h>
+#define PW_VECTOR 16
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define PW_VECTOR 8
+#else
+#define PW_VECTOR 0
 #endif
 
 namespace {
@@ -61,7 +67,16 @@ void attend_generic(const Row& r, float* s) {
   }
 }
 
-#if defined(__AVX512F__)
+// the K rows of tokens t0 .. t0+N (fewer at the end: the rest repeat row t0, computed and
+// never stored); returns how many are real
+template <int N>
+inline int64_t block_rows(const float* const* k, int64_t t0, int64_t n, const float** kp) {
+  const int64_t m = std::min<int64_t>(N, n - t0);
+  for (int j = 0; j < N; ++j) kp[j] = k[t0 + (j < m ? j : 0)];
+  return m;
+}
+
+#if PW_VECTOR == 16
 // exp(x) for x <= 0 (a softmax after its max): Cody-Waite reduction, degree-6 polynomial,
 // relative error about 2e-7; x below -87 gives 0 (as expf's underflow does, to a float's
 // eyes); NaN stays NaN, so a NaN score (NaN in q or in a readable K) turns its row to NaN,
@@ -165,15 +180,6 @@ void pv_heads(const Row& r, const float* s, int64_t g0) {
   }
 }
 
-// the K rows of tokens t0 .. t0+N (fewer at the end: the rest repeat row t0, computed and
-// never stored); returns how many are real
-template <int N>
-inline int64_t block_rows(const float* const* k, int64_t t0, int64_t n, const float** kp) {
-  const int64_t m = std::min<int64_t>(N, n - t0);
-  for (int j = 0; j < N; ++j) kp[j] = k[t0 + (j < m ? j : 0)];
-  return m;
-}
-
 // one row: scores, softmax, then the weighted sum of V; s holds G * n floats after kScoreSlack
 void attend_avx512(const Row& r, float* s) {
   const int64_t G = r.G, D = r.D, n = r.n, NC = D / 16;
@@ -228,14 +234,166 @@ void attend_avx512(const Row& r, float* s) {
 }
 #endif
 
+#if PW_VECTOR == 8
+// exp(x) for x <= 0, as exp_avx512 (same reduction and polynomial): 2^n is built in the
+// exponent bits. x below -87.3 gives 0; NaN stays NaN (the max below passes a NaN x through,
+// and NaN times any 2^n is NaN)
+inline __m256 exp_avx2(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(lo, x);  // operand order: a NaN x comes through (max_ps returns its second on NaN)
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  // n lies in [-126, 0] here: 2^n is a normal float with exponent field n + 127
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+inline float hsum8(__m256 v) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// the last n % 8 floats of s go through the vector code in a padded copy (pad: the
+// value that leaves a max or a sum unchanged)
+void softmax_avx2(float* s, int64_t n) {
+  const int64_t full = n - n % 8, tail = n - full;
+  alignas(32) float last[8];
+  __m256 mv = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t t = 0; t < full; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t));
+  float m = hmax8(mv);
+  for (int64_t u = full; u < n; ++u) m = std::max(m, s[u]);
+  const __m256 mb = _mm256_set1_ps(m);
+  __m256 zv = _mm256_setzero_ps();
+  for (int64_t t = 0; t < full; t += 8) {
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + t), mb));
+    _mm256_storeu_ps(s + t, e);
+    zv = _mm256_add_ps(zv, e);
+  }
+  if (tail) {
+    for (int j = 0; j < 8; ++j) last[j] = j < tail ? s[full + j] : -std::numeric_limits<float>::infinity();
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_load_ps(last), mb));  // -inf - m: exp gives 0
+    _mm256_store_ps(last, e);
+    zv = _mm256_add_ps(zv, e);
+    for (int j = 0; j < tail; ++j) s[full + j] = last[j];
+  }
+  const float inv = 1.f / hsum8(zv);
+  const __m256 iv = _mm256_set1_ps(inv);
+  for (int64_t t = 0; t < full; t += 8) _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_loadu_ps(s + t), iv));
+  for (int64_t u = full; u < n; ++u) s[u] *= inv;
+}
+
+// 8 vectors -> one vector of their 8 horizontal sums (lane j = sum of a[j])
+inline __m256 reduce8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // 128-bit halves: 0-3 | 4-7 of each
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// the scores of HH query heads (HH = 1 or 2) against 8 / HH tokens per block: each K load
+// serves HH heads, 8 accumulators in registers
+template <int HH>
+void scores_avx2(const Row& r, float* s, int64_t g) {
+  constexpr int TT = 8 / HH;
+  const int64_t D = r.D, n = r.n, NC = D / 8;
+  const __m256 sc = _mm256_set1_ps(r.scale);
+  alignas(32) float sums[8];
+  for (int64_t t0 = 0; t0 < n; t0 += TT) {
+    const float* kp[TT];
+    const int64_t m = block_rows<TT>(r.k, t0, n, kp);
+    __m256 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < NC; ++c) {
+      __m256 qh[HH];
+      for (int h = 0; h < HH; ++h) qh[h] = _mm256_loadu_ps(r.q + (g + h) * D + 8 * c);
+      for (int j = 0; j < TT; ++j) {
+        const __m256 kv = _mm256_loadu_ps(kp[j] + 8 * c);
+        for (int h = 0; h < HH; ++h) acc[h * TT + j] = _mm256_fmadd_ps(qh[h], kv, acc[h * TT + j]);
+      }
+    }
+    _mm256_store_ps(sums, _mm256_mul_ps(reduce8(acc), sc));  // lane h * TT + j: head g + h, token t0 + j
+    for (int h = 0; h < HH; ++h)
+      for (int j = 0; j < m; ++j) s[(g + h) * n + t0 + j] = sums[h * TT + j];
+  }
+}
+
+// out[g0 .. g0+HP) = sum_t p[g, t] v[t], 8/HP vectors of D at a time (8 accumulators)
+template <int HP>
+void pv_heads_avx2(const Row& r, const float* s, int64_t g0) {
+  constexpr int CP = 8 / HP;
+  const int64_t D = r.D, n = r.n, NC = D / 8;
+  for (int64_t c0 = 0; c0 < NC; c0 += CP) {
+    const int64_t nc = std::min<int64_t>(CP, NC - c0);
+    __m256 acc[HP][CP];
+    for (int h = 0; h < HP; ++h)
+      for (int c = 0; c < CP; ++c) acc[h][c] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+      const float* vt = r.v[t] + 8 * c0;
+      __m256 w[HP];
+      for (int h = 0; h < HP; ++h) w[h] = _mm256_set1_ps(s[(g0 + h) * n + t]);
+      if (nc == CP) {
+        for (int c = 0; c < CP; ++c) {
+          const __m256 vv = _mm256_loadu_ps(vt + 8 * c);
+          for (int h = 0; h < HP; ++h) acc[h][c] = _mm256_fmadd_ps(w[h], vv, acc[h][c]);
+        }
+      } else {
+        for (int c = 0; c < nc; ++c) {
+          const __m256 vv = _mm256_loadu_ps(vt + 8 * c);
+          for (int h = 0; h < HP; ++h) acc[h][c] = _mm256_fmadd_ps(w[h], vv, acc[h][c]);
+        }
+      }
+    }
+    for (int h = 0; h < HP; ++h)
+      for (int c = 0; c < nc; ++c) _mm256_storeu_ps(r.out + (g0 + h) * D + 8 * (c0 + c), acc[h][c]);
+  }
+}
+
+// one row: scores, softmax, then the weighted sum of V
+void attend_avx2(const Row& r, float* s) {
+  const int64_t G = r.G, n = r.n;
+  int64_t g = 0;
+  for (; g + 2 <= G; g += 2) scores_avx2<2>(r, s, g);
+  for (; g < G; ++g) scores_avx2<1>(r, s, g);
+  for (int64_t h = 0; h < G; ++h) softmax_avx2(s + h * n, n);
+  int64_t g0 = 0;
+  for (; g0 + 4 <= G; g0 += 4) pv_heads_avx2<4>(r, s, g0);
+  for (; g0 + 2 <= G; g0 += 2) pv_heads_avx2<2>(r, s, g0);
+  for (; g0 < G; ++g0) pv_heads_avx2<1>(r, s, g0);
+}
+#endif
+
 // one row on the path this build and head_dim allow; s: the row's G * n scores, after
 // kScoreSlack floats that the AVX-512 path's masked stores may address but never write
 constexpr int64_t kScoreSlack = 16;
 
 void attend_row(const Row& r, float* s, bool vectorized) {
-#if defined(__AVX512F__)
+#if PW_VECTOR == 16
   if (vectorized) {
     attend_avx512(r, s);
+    return;
+  }
+#elif PW_VECTOR == 8
+  if (vectorized) {
+    attend_avx2(r, s);
     return;
   }
 #endif
@@ -246,12 +404,11 @@ void attend_row(const Row& r, float* s, bool vectorized) {
 }  // namespace
 
 bool vectorized_for(int64_t D) {
-#if defined(__AVX512F__)
-  return D % 16 == 0;
-#else
-  (void)D;
-  return false;
-#endif
+  return PW_VECTOR > 0 && D % (PW_VECTOR > 0 ? PW_VECTOR : 1) == 0;
+}
+
+std::string vector_isa() {
+  return PW_VECTOR == 16 ? "AVX-512" : PW_VECTOR == 8 ? "AVX2" : "";
 }
 
 

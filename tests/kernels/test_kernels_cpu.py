@@ -1,12 +1,14 @@
 """The C++ CPU kernels (kernels.cpu_extension): decode attention in place against the float64
 oracle, RMSNorm and RoPE against their formulas.
 
-Both of its paths are checked: the AVX-512 one (on a machine that has it, as this one and CI
-do) and the plain loops every other machine runs. The plan, and so the I1 mask, is the
+Both of its paths are checked: the vector one this machine's build has (AVX-512 or AVX2; CI
+has run on both kinds of CPU) and the plain loops every other machine runs. The plan, and so the I1 mask, is the
 reference's; what is checked here is that the kernel reads exactly the slots it leaves open.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,7 +30,7 @@ from tests.kernels.test_kernels_ref import (
     tag_keep,
 )
 
-PATHS = [pytest.param(True, id="avx512"), pytest.param(False, id="plain")]
+PATHS = [pytest.param(True, id="vector"), pytest.param(False, id="plain")]
 
 
 @pytest.fixture(autouse=True)
@@ -69,6 +71,25 @@ def test_the_kernel_builds_on_this_machine(built):
     assert cpu_extension.describe().startswith("in place, C++")
 
 
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+def test_the_build_takes_the_widest_vectors_the_cpu_has(built):
+    # a build that quietly lost its vector path runs 5-8x slower and every other test still passes
+    flags = cpu_flags()
+    if not flags:
+        pytest.skip("no /proc/cpuinfo to read the CPU's flags from")
+    want = "AVX-512" if "avx512f" in flags else "AVX2" if {"avx2", "fma"} <= flags else ""
+    assert built.vector_isa() == want, (built.vector_isa(), want)
+    assert built.vectorized_for(128) == bool(want)
+    assert cpu_extension.describe() == f"in place, C++ ({want or 'plain loops'})"
+
+
 @pytest.mark.parametrize("vectorized", PATHS)
 @pytest.mark.parametrize("kv_heads,group,head_dim,page_size", [
     (1, 8, 128, 16),  # the copy model's shape
@@ -77,7 +98,8 @@ def test_the_kernel_builds_on_this_machine(built):
     (1, 2, 128, 32),
     (2, 4, 16, 4),    # one vector per row
     (1, 5, 32, 16),   # an odd group: pairs, then one head alone
-    (2, 2, 40, 16),   # head_dim not a multiple of 16: the plain loops either way
+    (2, 2, 40, 16),   # head_dim a multiple of 8, not of 16: AVX2's vectors, AVX-512's plain loops
+    (1, 4, 36, 16),   # a multiple of neither: the plain loops either way
 ])
 def test_matches_oracle_with_foreign_and_unwritten_slots(vectorized, kv_heads, group, head_dim, page_size):
     lens = [1, page_size, 0, 3 * page_size + 5, 40, 2 * page_size + 1]
@@ -452,6 +474,36 @@ def test_the_model_prefills_through_the_kernel_and_the_reference_alike(monkeypat
     assert not calls
     assert_close(fast, causal_oracle(q, k, v, lens), 1e-5)
     assert_close(slow, causal_oracle(q, k, v, lens), 1e-5)
+
+
+def test_prefill_stays_on_sdpa_where_the_build_has_no_vectors_for_the_head_dim(monkeypatch):
+    """The plain loops are 5-7x slower than SDPA at prefill (bench/RESULTS.md): a build or a
+    head_dim without the vector path must not take them."""
+    from engine.attention import DenseCausalAttention
+
+    ext = cpu_extension.extension()
+    prefills = []
+
+    class Build:
+        def __init__(self, vectors):
+            self.vectors = vectors
+
+        def vectorized_for(self, head_dim):
+            return self.vectors
+
+        def causal_prefill(self, *args):
+            prefills.append(args)
+            return ext.causal_prefill(*args)
+
+    lens = [9, 4]
+    q, k, v = fused_qkv(torch.Generator().manual_seed(5), sum(lens), 4, 2, 32)
+    for vectors, takes_kernel in ((True, True), (False, False)):
+        prefills.clear()
+        monkeypatch.setattr(cpu_extension, "extension", lambda b=Build(vectors): b)
+        with torch.inference_mode():
+            got = DenseCausalAttention(lens).attend(0, q, k, v)
+        assert bool(prefills) == takes_kernel
+        assert_close(got, causal_oracle(q, k, v, lens), 1e-5)
 
 
 def test_causal_prefill_names_bounds_that_do_not_fit(built):
