@@ -118,7 +118,7 @@ class WorkerHandle:
         return {
             "name": self.name, "role": self.role, "state": self.state.value, "pid": self.pid,
             "device": self.info.get("device"), "kernels": self.info.get("kernels"),
-            "attention": self.info.get("attention"),  # e.g. "in place, C++ (AVX-512)"
+            "attention": self.info.get("attention"),  # e.g. "in place, C++ (AVX2)"
             "threads": self.info.get("threads"),  # the most it computes with
             "threads_shared": self.info.get("threads_shared", False),  # divided among the computing workers
             "pool": {
