@@ -15,6 +15,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -385,20 +386,31 @@ void attend_avx2(const Row& r, float* s) {
 // kScoreSlack floats that the AVX-512 path's masked stores may address but never write
 constexpr int64_t kScoreSlack = 16;
 
-void attend_row(const Row& r, float* s, bool vectorized) {
+// returns whether the vector path ran (false: the plain loops)
+bool attend_row(const Row& r, float* s, bool vectorized) {
 #if PW_VECTOR == 16
   if (vectorized) {
     attend_avx512(r, s);
-    return;
+    return true;
   }
 #elif PW_VECTOR == 8
   if (vectorized) {
     attend_avx2(r, s);
-    return;
+    return true;
   }
 #endif
   (void)vectorized;
   attend_generic(r, s);
+  return false;
+}
+
+// rows attended since the module loaded, [plain loops, vector path]: what a test reads to
+// know which code ran, not which the flags promised (each parallel chunk adds its count once)
+std::atomic<int64_t> g_rows[2];
+
+void count_rows(const int64_t (&rows)[2]) {
+  for (int p = 0; p < 2; ++p)
+    if (rows[p]) g_rows[p].fetch_add(rows[p], std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -409,6 +421,10 @@ bool vectorized_for(int64_t D) {
 
 std::string vector_isa() {
   return PW_VECTOR == 16 ? "AVX-512" : PW_VECTOR == 8 ? "AVX2" : "";
+}
+
+std::map<std::string, int64_t> attention_rows() {
+  return {{"plain", g_rows[0].load(std::memory_order_relaxed)}, {"vector", g_rows[1].load(std::memory_order_relaxed)}};
 }
 
 
@@ -452,6 +468,7 @@ void paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
   at::parallel_for(0, B * KVH, 1, [&](int64_t lo, int64_t hi) {
     std::vector<const float*> kptr(T), vptr(T);
     std::vector<float> scores(kScoreSlack + G * T);
+    int64_t rows[2] = {0, 0};
     for (int64_t job = lo; job < hi; ++job) {
       const int64_t b = job / KVH, h = job % KVH;
       const bool* blk = bl + b * T;
@@ -469,8 +486,9 @@ void paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
         continue;
       }
       const Row r{qp + (b * H + h * G) * D, kptr.data(), vptr.data(), n, G, D, static_cast<float>(scale), o};
-      attend_row(r, scores.data() + kScoreSlack, vectorized);
+      ++rows[attend_row(r, scores.data() + kScoreSlack, vectorized)];
     }
+    count_rows(rows);
   });
 }
 
@@ -514,6 +532,7 @@ void causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Te
   at::parallel_for(0, static_cast<int64_t>(jobs.size()), 1, [&](int64_t lo, int64_t hi) {
     std::vector<const float*> kptr, vptr;
     std::vector<float> scores;
+    int64_t rows[2] = {0, 0};
     for (int64_t j = lo; j < hi; ++j) {
       const Job& job = jobs[j];
       const int64_t start = st[job.seq], n_max = job.last - start;
@@ -527,8 +546,9 @@ void causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Te
       for (int64_t i = job.first; i < job.last; ++i) {
         const Row r{qp + i * qs + job.head * G * D, kptr.data(), vptr.data(), i - start + 1, G, D,
                     static_cast<float>(scale), op + (i * H + job.head * G) * D};
-        attend_row(r, scores.data() + kScoreSlack, vectorized);
+        ++rows[attend_row(r, scores.data() + kScoreSlack, vectorized)];
       }
     }
+    count_rows(rows);
   });
 }

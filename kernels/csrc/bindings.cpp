@@ -11,6 +11,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("causal_prefill", &causal_prefill, "causal self-attention of packed sequences over their fresh K/V");
   m.def("vectorized_for", &vectorized_for, "whether head_dim D takes this build's vector path");
   m.def("vector_isa", &vector_isa, "the vector path this build has: AVX-512, AVX2 or none");
+  m.def("attention_rows", &attention_rows, "rows attended since load on each path: {'plain': n, 'vector': n}");
   m.def("plan_tags", &plan_tags, "the decode step's I1 plan: pages, blocked slots, violations, foreign, empty rows");
   m.def("rms_norm", &rms_norm, "x * rsqrt(mean(x^2) + eps) * weight over the last dim, float32");
   m.def("rope_", &rope_, "rotary embedding (rotate-half convention) applied in place");

@@ -90,6 +90,63 @@ def test_the_build_takes_the_widest_vectors_the_cpu_has(built):
     assert cpu_extension.describe() == f"in place, C++ ({want or 'plain loops'})"
 
 
+VECTOR_WIDTH = {"AVX-512": 16, "AVX2": 8, "": 0}  # floats per vector of each path vector_isa() names
+
+
+def rows_run(built, call):
+    """How many rows call() attended on each path, as the kernel counted them."""
+    before = built.attention_rows()
+    call()
+    after = built.attention_rows()
+    return {path: after[path] - before[path] for path in after}
+
+
+@pytest.mark.parametrize("head_dim", [16, 36, 40, 64, 128])
+def test_each_head_dim_runs_the_path_the_build_promises(built, head_dim):
+    """vector_isa() names the macro the build took; this counts what actually ran. A build
+    whose dispatch lost its vector branch passes every accuracy test at plain-loop speed."""
+    width = VECTOR_WIDTH[built.vector_isa()]
+    vector = bool(width) and head_dim % width == 0  # 40: AVX2's 5 vectors, AVX-512's plain loops
+    assert built.vectorized_for(head_dim) == vector
+    lens = [5, 17, 0, 9]
+    case = build_case(torch.Generator().manual_seed(head_dim), lens, kv_heads=2, group=3, head_dim=head_dim)
+    decode_rows = 3 * 2  # rows with something to read, times kv heads
+    want = {"vector": decode_rows, "plain": 0} if vector else {"vector": 0, "plain": decode_rows}
+    assert rows_run(built, lambda: attend(case, True)) == want
+    assert rows_run(built, lambda: attend(case, False)) == {"vector": 0, "plain": decode_rows}
+    q, k, v = fused_qkv(torch.Generator().manual_seed(1), sum(lens), 6, 2, head_dim)
+    starts = torch.tensor([0, 5, 22, 22, 31], dtype=torch.int64)
+    prefill_rows = sum(lens) * 2
+    out = torch.empty(q.shape)
+    want = {"vector": prefill_rows, "plain": 0} if vector else {"vector": 0, "plain": prefill_rows}
+    assert rows_run(built, lambda: built.causal_prefill(q, k, v, starts, head_dim ** -0.5, out, True)) == want
+    assert_close(out, causal_oracle(q, k, v, lens), 1e-5)
+
+
+@pytest.mark.parametrize("vectorized", PATHS)
+@pytest.mark.parametrize("kv_heads,group,head_dim", [(1, 8, 128), (3, 3, 64), (2, 7, 40), (1, 1, 64), (2, 7, 16)])
+def test_scores_far_apart_underflow_to_zero_and_never_overflow(vectorized, kv_heads, group, head_dim):
+    """q x 50: scores spread over hundreds, so most of each softmax's exp arguments fall
+    below float's range (they must give 0, not garbage bits) and a max taken over too few
+    of the scores overflows to inf. Lengths leave every tail width of 8 and 16."""
+    lens = [1, 3, 37, 70, 9, 16, 23]
+    case = build_case(torch.Generator().manual_seed(group * head_dim), lens, kv_heads=kv_heads, group=group,
+                      head_dim=head_dim, page_size=16)
+    case.q *= 50
+    for b, n in list(enumerate(lens))[::2]:  # these rows' largest score on their last token, in the tail
+        page, slot = int(case.block_table[b, (n - 1) // 16]), (n - 1) % 16
+        case.k_cache[page, slot] = case.q[b].view(kv_heads, group, head_dim).mean(1) / 10
+    out, _ = attend(case, vectorized)
+    want = dense_oracle(case, tag_keep(case))
+    b, n = 3, lens[3]  # a row of random scores (spread ~50 per unit of q . k)
+    pages = case.block_table[b, : -(-n // 16)].long()
+    keys = case.k_cache[pages].reshape(-1, kv_heads, head_dim)[:n].repeat_interleave(group, dim=1)
+    spread = torch.einsum("hd,thd->ht", case.q[b], keys) * case.scale
+    assert (spread.max(1).values - spread.min(1).values).min() > 100  # far past exp's range: the clamp must hold
+    assert out.isfinite().all()
+    assert_close(out, want, 1e-4)
+
+
 @pytest.mark.parametrize("vectorized", PATHS)
 @pytest.mark.parametrize("kv_heads,group,head_dim,page_size", [
     (1, 8, 128, 16),  # the copy model's shape
@@ -98,6 +155,7 @@ def test_the_build_takes_the_widest_vectors_the_cpu_has(built):
     (1, 2, 128, 32),
     (2, 4, 16, 4),    # one vector per row
     (1, 5, 32, 16),   # an odd group: pairs, then one head alone
+    (2, 7, 64, 16),   # 7 = 4 + 2 + 1 heads per V load, 3 pairs + 1 per K load
     (2, 2, 40, 16),   # head_dim a multiple of 8, not of 16: AVX2's vectors, AVX-512's plain loops
     (1, 4, 36, 16),   # a multiple of neither: the plain loops either way
 ])
@@ -445,7 +503,7 @@ def fused_qkv(gen, tokens, heads, kv_heads, head_dim):
 
 
 @pytest.mark.parametrize("vectorized", PATHS)
-@pytest.mark.parametrize("kv_heads,group,head_dim", [(1, 8, 128), (3, 3, 64), (2, 1, 16), (1, 5, 40)])
+@pytest.mark.parametrize("kv_heads,group,head_dim", [(1, 8, 128), (3, 3, 64), (2, 1, 16), (1, 5, 40), (1, 7, 64)])
 def test_causal_prefill_matches_the_oracle(built, vectorized, kv_heads, group, head_dim):
     lens = [1, 17, 0, 64, 3]
     q, k, v = fused_qkv(torch.Generator().manual_seed(head_dim), sum(lens), kv_heads * group, kv_heads, head_dim)
