@@ -47,15 +47,22 @@ def extension():
     if mode() == "reference":
         return None
     try:
-        from torch.utils.cpp_extension import load
-
-        _put_ninja_on_path()
-        return load(f"pagewarden_cpu_kernels_{build_key()}", [str(p) for p in SOURCES],
-                    extra_cflags=list(CFLAGS), extra_include_paths=[str(CSRC)], verbose=False)
+        return compile_module(f"pagewarden_cpu_kernels_{build_key()}")
     except Exception as exc:  # no compiler, no ninja, a read-only cache: the references still work
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         log.warning("CPU kernels unavailable, running the torch references: %s", first)
         return None
+
+
+def compile_module(name: str, *, cflags: tuple[str, ...] = CFLAGS, ldflags: tuple[str, ...] = (),
+                   build_directory: str | None = None):
+    """Build (or find) csrc/ as the module `name` and import it. extension() is the engine's
+    build; a test builds another with other flags (AddressSanitizer) into a folder of its own."""
+    from torch.utils.cpp_extension import load
+
+    _put_ninja_on_path()
+    return load(name, [str(p) for p in SOURCES], extra_cflags=list(cflags), extra_ldflags=list(ldflags),
+                extra_include_paths=[str(CSRC)], build_directory=build_directory, verbose=False)
 
 
 def build_key() -> str:

@@ -1,0 +1,82 @@
+"""The CPU attention (csrc/attention_cpu.cpp) built with AddressSanitizer, run over shapes
+that put every edge of a buffer where a stray read or write lands outside it.
+
+A read past head_dim or a score written past a row's end mostly lands in the next head's
+data, where no accuracy test sees it. Here K, V, q and out are each an allocation of their
+own whose last row is read, and the score buffers are sized exactly and annotated
+(_GLIBCXX_SANITIZE_VECTOR), so such a slip stops the process with ASan's report.
+
+Run by tests/kernels/test_kernels_asan.py in a process started with libasan preloaded:
+    python -m tests.kernels.asan_attention BUILD_DIR
+Prints "checked N calls" and exits 0 when nothing was reported.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+import torch
+
+from kernels import cpu_extension
+
+SANITIZE = ("-fsanitize=address", "-fno-omit-frame-pointer", "-D_GLIBCXX_SANITIZE_VECTOR")
+HEAD_DIMS = (8, 16, 24, 36, 40, 64, 128)  # one vector, AVX2-only multiples, neither, the models'
+GROUPS = (1, 2, 3, 4, 5, 7, 8)            # every mix of 4/2/1 heads per V load and pairs per K load
+LENGTHS = (1, 2, 7, 8, 9, 15, 16, 17, 33)  # every tail width of 8 and 16
+
+
+def build(directory: str):
+    # the compiler must not run under the preloaded runtime: only this process is sanitized
+    os.environ.pop("LD_PRELOAD", None)
+    return cpu_extension.compile_module("pagewarden_cpu_kernels_asan", cflags=cpu_extension.CFLAGS + SANITIZE,
+                                        ldflags=("-fsanitize=address",), build_directory=directory)
+
+
+def decode(ext, gen, n: int, group: int, head_dim: int, vectorized: bool) -> None:
+    """Two rows; the second ends on the last slot of the pool's last page, last KV head."""
+    page_size, kv_heads = 4, 2
+    pages_per_row = -(-n // page_size)
+    num_pages = 2 * pages_per_row
+    k = torch.randn(num_pages, page_size, kv_heads, head_dim, generator=gen)
+    v = torch.randn(num_pages, page_size, kv_heads, head_dim, generator=gen)
+    q = torch.randn(2, kv_heads * group, head_dim, generator=gen)
+    pages = torch.arange(num_pages, dtype=torch.int64).view(2, pages_per_row)
+    blocked = torch.ones(2, pages_per_row * page_size, dtype=torch.bool)
+    blocked[0, :n] = False
+    blocked[1, pages_per_row * page_size - n:] = False  # the row's last n slots: the pool's end
+    out = torch.empty_like(q)
+    ext.paged_decode(q, k, v, pages, blocked, head_dim ** -0.5, out, vectorized)
+    assert out.isfinite().all()
+
+
+def prefill(ext, gen, n: int, group: int, head_dim: int, vectorized: bool) -> None:
+    kv_heads = 2
+    lens = (n, 1, n)
+    tokens = sum(lens)
+    q = torch.randn(tokens, kv_heads * group, head_dim, generator=gen)
+    k = torch.randn(tokens, kv_heads, head_dim, generator=gen)
+    v = torch.randn(tokens, kv_heads, head_dim, generator=gen)
+    starts = torch.tensor([0, n, n + 1, tokens], dtype=torch.int64)
+    out = torch.empty_like(q)
+    ext.causal_prefill(q, k, v, starts, head_dim ** -0.5, out, vectorized)
+    assert out.isfinite().all()
+
+
+def main(directory: str) -> int:
+    ext = build(directory)
+    gen = torch.Generator().manual_seed(0)
+    calls = 0
+    for head_dim, group, n, vectorized in itertools.product(HEAD_DIMS, GROUPS, LENGTHS, (True, False)):
+        decode(ext, gen, n, group, head_dim, vectorized)
+        prefill(ext, gen, n, group, head_dim, vectorized)
+        calls += 2
+    rows = ext.attention_rows()
+    print(f"checked {calls} calls on {ext.vector_isa() or 'plain loops'}: {rows['vector']} vector rows, "
+          f"{rows['plain']} plain rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
