@@ -77,6 +77,72 @@ inline int64_t block_rows(const float* const* k, int64_t t0, int64_t n, const fl
   return m;
 }
 
+// The build's vector: the few operations the weighted V sum needs, on either ISA
+#if PW_VECTOR == 16
+struct Vec {
+  using V = __m512;
+  static constexpr int W = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+};
+#elif PW_VECTOR == 8
+struct Vec {
+  using V = __m256;
+  static constexpr int W = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+};
+#endif
+
+#if PW_VECTOR > 0
+// out[g0 .. g0+HP) = sum_t p[g, t] v[t]: HP heads share each V load, CP vectors of D at a
+// time, 16 (AVX-512) or 8 (AVX2) accumulators in registers
+template <int HP>
+void pv_heads(const Row& r, const float* s, int64_t g0) {
+  using V = Vec::V;
+  constexpr int W = Vec::W, CP = W / HP;
+  const int64_t D = r.D, n = r.n, NC = D / W;
+  for (int64_t c0 = 0; c0 < NC; c0 += CP) {
+    const int64_t nc = std::min<int64_t>(CP, NC - c0);
+    V acc[HP][CP];
+    for (int h = 0; h < HP; ++h)
+      for (int c = 0; c < CP; ++c) acc[h][c] = Vec::zero();
+    for (int64_t t = 0; t < n; ++t) {
+      const float* vt = r.v[t] + W * c0;
+      V w[HP];
+      for (int h = 0; h < HP; ++h) w[h] = Vec::set1(s[(g0 + h) * n + t]);
+      if (nc == CP) {  // the usual case: a loop the compiler unrolls in full
+        for (int c = 0; c < CP; ++c) {
+          const V vv = Vec::load(vt + W * c);
+          for (int h = 0; h < HP; ++h) acc[h][c] = Vec::fmadd(w[h], vv, acc[h][c]);
+        }
+      } else {
+        for (int c = 0; c < nc; ++c) {
+          const V vv = Vec::load(vt + W * c);
+          for (int h = 0; h < HP; ++h) acc[h][c] = Vec::fmadd(w[h], vv, acc[h][c]);
+        }
+      }
+    }
+    for (int h = 0; h < HP; ++h)
+      for (int c = 0; c < nc; ++c) Vec::store(r.out + (g0 + h) * D + W * (c0 + c), acc[h][c]);
+  }
+}
+
+// every head's out from its softmaxed scores: 4 heads per V load, then 2, then 1
+void weighted_v(const Row& r, const float* s) {
+  int64_t g0 = 0;
+  for (; g0 + 4 <= r.G; g0 += 4) pv_heads<4>(r, s, g0);
+  for (; g0 + 2 <= r.G; g0 += 2) pv_heads<2>(r, s, g0);
+  for (; g0 < r.G; ++g0) pv_heads<1>(r, s, g0);
+}
+#endif
+
 #if PW_VECTOR == 16
 // exp(x) for x <= 0 (a softmax after its max): Cody-Waite reduction, degree-6 polynomial,
 // relative error about 2e-7; x below -87 gives 0 (as expf's underflow does, to a float's
@@ -150,37 +216,6 @@ inline __m512 reduce16(__m512* a) {
 }
 
 
-// out[g0 .. g0+HP) = sum_t p[g, t] v[t], 16/HP vectors of D at a time
-template <int HP>
-void pv_heads(const Row& r, const float* s, int64_t g0) {
-  constexpr int CP = 16 / HP;
-  const int64_t D = r.D, n = r.n, NC = D / 16;
-  for (int64_t c0 = 0; c0 < NC; c0 += CP) {
-    const int64_t nc = std::min<int64_t>(CP, NC - c0);
-    __m512 acc[HP][CP];
-    for (int h = 0; h < HP; ++h)
-      for (int c = 0; c < CP; ++c) acc[h][c] = _mm512_setzero_ps();
-    for (int64_t t = 0; t < n; ++t) {
-      const float* vt = r.v[t] + 16 * c0;
-      __m512 w[HP];
-      for (int h = 0; h < HP; ++h) w[h] = _mm512_set1_ps(s[(g0 + h) * n + t]);
-      if (nc == CP) {
-        for (int c = 0; c < CP; ++c) {
-          const __m512 vv = _mm512_loadu_ps(vt + 16 * c);
-          for (int h = 0; h < HP; ++h) acc[h][c] = _mm512_fmadd_ps(w[h], vv, acc[h][c]);
-        }
-      } else {
-        for (int c = 0; c < nc; ++c) {
-          const __m512 vv = _mm512_loadu_ps(vt + 16 * c);
-          for (int h = 0; h < HP; ++h) acc[h][c] = _mm512_fmadd_ps(w[h], vv, acc[h][c]);
-        }
-      }
-    }
-    for (int h = 0; h < HP; ++h)
-      for (int c = 0; c < nc; ++c) _mm512_storeu_ps(r.out + (g0 + h) * D + 16 * (c0 + c), acc[h][c]);
-  }
-}
-
 // one row: scores, softmax, then the weighted sum of V; s holds G * n floats after kScoreSlack
 void attend_avx512(const Row& r, float* s) {
   const int64_t G = r.G, D = r.D, n = r.n, NC = D / 16;
@@ -227,11 +262,7 @@ void attend_avx512(const Row& r, float* s) {
     }
   }
   for (int64_t g = 0; g < G; ++g) softmax_avx512(s + g * n, n);
-  // out[g] = sum_t p[g, t] v[t]: HP heads share each V load, 16 accumulators in registers
-  int64_t g0 = 0;
-  for (; g0 + 4 <= G; g0 += 4) pv_heads<4>(r, s, g0);
-  for (; g0 + 2 <= G; g0 += 2) pv_heads<2>(r, s, g0);
-  for (; g0 < G; ++g0) pv_heads<1>(r, s, g0);
+  weighted_v(r, s);
 }
 #endif
 
@@ -337,37 +368,6 @@ void scores_avx2(const Row& r, float* s, int64_t g) {
   }
 }
 
-// out[g0 .. g0+HP) = sum_t p[g, t] v[t], 8/HP vectors of D at a time (8 accumulators)
-template <int HP>
-void pv_heads_avx2(const Row& r, const float* s, int64_t g0) {
-  constexpr int CP = 8 / HP;
-  const int64_t D = r.D, n = r.n, NC = D / 8;
-  for (int64_t c0 = 0; c0 < NC; c0 += CP) {
-    const int64_t nc = std::min<int64_t>(CP, NC - c0);
-    __m256 acc[HP][CP];
-    for (int h = 0; h < HP; ++h)
-      for (int c = 0; c < CP; ++c) acc[h][c] = _mm256_setzero_ps();
-    for (int64_t t = 0; t < n; ++t) {
-      const float* vt = r.v[t] + 8 * c0;
-      __m256 w[HP];
-      for (int h = 0; h < HP; ++h) w[h] = _mm256_set1_ps(s[(g0 + h) * n + t]);
-      if (nc == CP) {
-        for (int c = 0; c < CP; ++c) {
-          const __m256 vv = _mm256_loadu_ps(vt + 8 * c);
-          for (int h = 0; h < HP; ++h) acc[h][c] = _mm256_fmadd_ps(w[h], vv, acc[h][c]);
-        }
-      } else {
-        for (int c = 0; c < nc; ++c) {
-          const __m256 vv = _mm256_loadu_ps(vt + 8 * c);
-          for (int h = 0; h < HP; ++h) acc[h][c] = _mm256_fmadd_ps(w[h], vv, acc[h][c]);
-        }
-      }
-    }
-    for (int h = 0; h < HP; ++h)
-      for (int c = 0; c < nc; ++c) _mm256_storeu_ps(r.out + (g0 + h) * D + 8 * (c0 + c), acc[h][c]);
-  }
-}
-
 // one row: scores, softmax, then the weighted sum of V
 void attend_avx2(const Row& r, float* s) {
   const int64_t G = r.G, n = r.n;
@@ -375,10 +375,7 @@ void attend_avx2(const Row& r, float* s) {
   for (; g + 2 <= G; g += 2) scores_avx2<2>(r, s, g);
   for (; g < G; ++g) scores_avx2<1>(r, s, g);
   for (int64_t h = 0; h < G; ++h) softmax_avx2(s + h * n, n);
-  int64_t g0 = 0;
-  for (; g0 + 4 <= G; g0 += 4) pv_heads_avx2<4>(r, s, g0);
-  for (; g0 + 2 <= G; g0 += 2) pv_heads_avx2<2>(r, s, g0);
-  for (; g0 < G; ++g0) pv_heads_avx2<1>(r, s, g0);
+  weighted_v(r, s);
 }
 #endif
 
