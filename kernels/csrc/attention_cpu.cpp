@@ -77,7 +77,7 @@ inline int64_t block_rows(const float* const* k, int64_t t0, int64_t n, const fl
   return m;
 }
 
-// The build's vector: the few operations the weighted V sum needs, on either ISA
+// The build's vector: the operations the exp and the weighted V sum need, on either ISA
 #if PW_VECTOR == 16
 struct Vec {
   using V = __m512;
@@ -87,6 +87,15 @@ struct Vec {
   static V load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V fnmadd(V a, V b, V c) { return _mm512_fnmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V round(V x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  using Mask = __mmask16;
+  static Mask less(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+  // p * 2^n, and 0 on the lanes of `zero`
+  static V scale2_or_zero(V p, V n, Mask zero) { return _mm512_maskz_scalef_ps(~zero, p, n); }
 };
 #elif PW_VECTOR == 8
 struct Vec {
@@ -97,10 +106,46 @@ struct Vec {
   static V load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V fnmadd(V a, V b, V c) { return _mm256_fnmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V round(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  using Mask = __m256;
+  static Mask less(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+  // p * 2^n, and 0 on the lanes of `zero`; n must lie in [-126, 127]: 2^n is then a normal
+  // float, built in the exponent bits (field n + 127)
+  static V scale2_or_zero(V p, V n, Mask zero) {
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(zero, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+  }
 };
 #endif
 
 #if PW_VECTOR > 0
+// exp(x) for x <= 0 (a softmax after its max): Cody-Waite reduction, degree-6 polynomial,
+// relative error about 2e-7. x below -87.3 gives 0 (as expf's underflow does, to a float's
+// eyes): the clamp keeps n in [-126, 0], where 2^n is a normal float. NaN stays NaN, so a NaN
+// score (NaN in q or in a readable K) turns its row to NaN, as in the plain loops and the
+// torch reference
+inline Vec::V exp_le0(Vec::V x) {
+  using V = Vec::V;
+  const V lo = Vec::set1(-87.3f);
+  const Vec::Mask under = Vec::less(x, lo);
+  x = Vec::max(lo, x);  // operand order: a NaN x comes through (max_ps returns its second on NaN)
+  const V n = Vec::round(Vec::mul(x, Vec::set1(1.44269504088896341f)));
+  V r = Vec::fnmadd(n, Vec::set1(0.693359375f), x);
+  r = Vec::fnmadd(n, Vec::set1(-2.12194440e-4f), r);
+  V p = Vec::set1(1.9875691500e-4f);
+  p = Vec::fmadd(p, r, Vec::set1(1.3981999507e-3f));
+  p = Vec::fmadd(p, r, Vec::set1(8.3334519073e-3f));
+  p = Vec::fmadd(p, r, Vec::set1(4.1665795894e-2f));
+  p = Vec::fmadd(p, r, Vec::set1(1.6666665459e-1f));
+  p = Vec::fmadd(p, r, Vec::set1(5.0000001201e-1f));
+  p = Vec::fmadd(p, Vec::mul(r, r), Vec::add(r, Vec::set1(1.f)));
+  return Vec::scale2_or_zero(p, n, under);
+}
+
 // out[g0 .. g0+HP) = sum_t p[g, t] v[t]: HP heads share each V load, CP vectors of D at a
 // time, 16 (AVX-512) or 8 (AVX2) accumulators in registers
 template <int HP>
@@ -144,28 +189,6 @@ void weighted_v(const Row& r, const float* s) {
 #endif
 
 #if PW_VECTOR == 16
-// exp(x) for x <= 0 (a softmax after its max): Cody-Waite reduction, degree-6 polynomial,
-// relative error about 2e-7; x below -87 gives 0 (as expf's underflow does, to a float's
-// eyes); NaN stays NaN, so a NaN score (NaN in q or in a readable K) turns its row to NaN,
-// as in the plain loops and the torch reference
-inline __m512 exp_avx512(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.3f);
-  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  x = _mm512_max_ps(lo, x);  // operand order: a NaN x comes through (max_ps returns its second on NaN)
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_maskz_scalef_ps(~under, p, n);
-}
-
 void softmax_avx512(float* s, int64_t n) {
   __m512 mv = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   int64_t t = 0;
@@ -176,7 +199,7 @@ void softmax_avx512(float* s, int64_t n) {
   __m512 zv = _mm512_setzero_ps();
   for (t = 0; t < n; t += 16) {
     const __mmask16 k = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
-    const __m512 e = _mm512_maskz_mov_ps(k, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), mb)));
+    const __m512 e = _mm512_maskz_mov_ps(k, exp_le0(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), mb)));
     _mm512_mask_storeu_ps(s + t, k, e);
     zv = _mm512_add_ps(zv, e);
   }
@@ -267,29 +290,6 @@ void attend_avx512(const Row& r, float* s) {
 #endif
 
 #if PW_VECTOR == 8
-// exp(x) for x <= 0, as exp_avx512 (same reduction and polynomial): 2^n is built in the
-// exponent bits. x below -87.3 gives 0; NaN stays NaN (the max below passes a NaN x through,
-// and NaN times any 2^n is NaN)
-inline __m256 exp_avx2(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.3f);
-  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_max_ps(lo, x);  // operand order: a NaN x comes through (max_ps returns its second on NaN)
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  // n lies in [-126, 0] here: 2^n is a normal float with exponent field n + 127
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-
 inline float hmax8(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -316,13 +316,13 @@ void softmax_avx2(float* s, int64_t n) {
   const __m256 mb = _mm256_set1_ps(m);
   __m256 zv = _mm256_setzero_ps();
   for (int64_t t = 0; t < full; t += 8) {
-    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + t), mb));
+    const __m256 e = exp_le0(_mm256_sub_ps(_mm256_loadu_ps(s + t), mb));
     _mm256_storeu_ps(s + t, e);
     zv = _mm256_add_ps(zv, e);
   }
   if (tail) {
     for (int j = 0; j < 8; ++j) last[j] = j < tail ? s[full + j] : -std::numeric_limits<float>::infinity();
-    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_load_ps(last), mb));  // -inf - m: exp gives 0
+    const __m256 e = exp_le0(_mm256_sub_ps(_mm256_load_ps(last), mb));  // -inf - m: exp gives 0
     _mm256_store_ps(last, e);
     zv = _mm256_add_ps(zv, e);
     for (int j = 0; j < tail; ++j) s[full + j] = last[j];
