@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from torch.utils.cpp_extension import get_default_build_root
 
 from kernels import cpu_extension
 from tests.kernels import asan_attention
@@ -39,8 +40,7 @@ def asan_env() -> dict[str, str]:
 
 
 def build_directory() -> Path:
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
-    path = root / f"pagewarden_cpu_kernels_asan_{cpu_extension.build_key()}"
+    path = Path(get_default_build_root()) / f"pagewarden_cpu_kernels_asan_{cpu_extension.build_key()}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
