@@ -34,6 +34,7 @@ from gui.dialogs.reconfigure_dialog import ReconfigureDialog
 from gui.kv_event_view import KvEventMixin
 from gui.model.engine_state import EngineState
 from gui.model.snapshot_state import scope_pairs
+from gui.model.window_title import engine_label, window_title
 from gui.probe_view import ProbeMixin
 from gui.snapshot_view import SnapshotMixin
 from gui.theme import apply_theme
@@ -344,6 +345,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self.state.events.frame.mark()
         self.state.events.flush()
         self._update_enablement()
+        self.update_title()
         if self.state.pages.stale_pools() and time.monotonic() - self._last_keyframe_ask > KEYFRAME_RETRY_S:
             self.ask_keyframe()  # a sequence gap: resynchronise
 
@@ -391,11 +393,11 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self.state.select_request(request_id)
 
     def acknowledge_alerts(self, ids: list) -> None:
-        gone = {a.id for a in self.state.alerts.values() if a.previous_engine}
-        ids = [i for i in ids if i not in gone]  # a gone engine's alerts: nobody to ask
+        alerts = self.state.alerts
+        ids = [i for i in ids if i not in alerts or alerts[i].ackable]  # a gone engine's alerts: nobody to ask
         ids = self.acknowledge_probe_alerts(ids)
-        if ids:
-            self.request("ack_alert", ids=ids)
+        if ids:  # the engine names an episode by its key
+            self.request("ack_alert", ids=[alerts[i].ack_id if i in alerts else i for i in ids])
 
     def open_reconfigure(self) -> None:
         if self.effective_readonly or self.transport is None:
@@ -487,10 +489,25 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self._update_enablement()
         why = "the engine answers viewer requests only" if by_engine else "read-only window (--readonly)"
         self.status_line.set_readonly(readonly, why)
-        if self.snapshot is None:
-            name = self.state.engine.get("name") if by_engine else None
-            title = ("PageWarden — read-only engine" + (f": {name}" if isinstance(name, str) and name else "")
-                     if by_engine else "PageWarden — read-only" if readonly else "PageWarden")
+        self.update_title()
+
+    def update_title(self) -> None:
+        """The engine shown, whether it is read-only and its firing critical alerts (every frame)."""
+        if self.kv_mode:
+            return
+        if self.snapshot is not None:
+            title = f"PageWarden — snapshot {self.snapshot.path.name} (read-only)"
+        else:
+            readonly = ""
+            if self.engine_readonly:
+                name = self.state.engine.get("name")
+                readonly = "read-only engine" + (f": {name}" if isinstance(name, str) and name else "")
+            elif self.effective_readonly:
+                readonly = "read-only"
+            attached = self.transport is not None
+            engine = engine_label(self.endpoint, self.hosted, self.state.engine.get("hostname")) if attached else ""
+            title = window_title(engine, critical=self.state.firing_critical() if attached else 0, readonly=readonly)
+        if title != self.windowTitle():
             self.setWindowTitle(title)
 
     def show_about(self) -> None:

@@ -97,7 +97,7 @@ class SnapshotMixin:
         self.alert_detail.show_alert(None)
         self.state.take_new_alerts()
         self.refresh()
-        self.setWindowTitle(f"PageWarden — snapshot {opened.path.name} (read-only)")
+        self.update_title()
         return True
 
     def close_snapshot(self) -> None:

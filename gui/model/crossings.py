@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+CARRIED_KEPT = 20  # pairs of earlier engine runs kept for the banner to name
+
 
 def tenant_sentence(reader_tenant: str | None, source_tenant: str | None) -> str:
     """"tenant A received tenant B's data"; a side whose tenant is not known is named so. The
@@ -47,12 +49,19 @@ class CrossingWatch:
         self.recent: list[Crossing] = []  # newest last
         self.last_new_at: float | None = None  # wall-clock time of the newest pair
         self.engine_epoch: object = None  # a new engine (restart): its counts start again
+        # pairs of engine runs before this one that the operator had not acknowledged: a
+        # restart must not acknowledge them on the operator's behalf
+        self.carried = 0
+        self.carried_recent: list[Crossing] = []
 
     def update(self, crossings: dict | None, engine_epoch: object = None) -> list[Crossing]:
         """Take one status' crossings; returns the pairs not announced before."""
         if not isinstance(crossings, dict):
             return []
         if engine_epoch != self.engine_epoch:  # another engine (or a restart): counts begin at 0
+            if self.engine_epoch is not None and self.pairs > self.acknowledged:
+                self.carried += self.pairs - self.acknowledged
+                self.carried_recent = (self.carried_recent + self.recent)[-CARRIED_KEPT:]
             self.engine_epoch = engine_epoch
             self.pairs = self.acknowledged = 0
             self.recent = []
@@ -76,14 +85,19 @@ class CrossingWatch:
 
     @property
     def unacknowledged(self) -> int:
-        return max(0, self.pairs - self.acknowledged)
+        return self.carried + max(0, self.pairs - self.acknowledged)
 
     def acknowledge(self) -> None:
         self.acknowledged = self.pairs
+        self.carried, self.carried_recent = 0, []
+
+    def _shown(self) -> list[Crossing]:
+        """The newest pairs the banner can name: the carried ones of earlier runs, then this run's."""
+        return self.carried_recent + self.recent
 
     def tenants(self) -> set[tuple[str | None, str | None]]:
         """(reader tenant, source tenant) pairs among the recent crossings (None: not known)."""
-        return {(c.reader_tenant or None, c.source_tenant or None) for c in self.recent}
+        return {(c.reader_tenant or None, c.source_tenant or None) for c in self._shown()}
 
     def lines(self, limit: int = 3) -> list[str]:
         """The banner's text: counts, tenants, the newest pairs and when the last one came."""
@@ -91,12 +105,15 @@ class CrossingWatch:
             return []
         when = time.strftime("%H:%M:%S", time.localtime(self.last_new_at)) if self.last_new_at else "?"
         new = self.unacknowledged
-        head = (f"{new:,} new pair(s) of requests since you last acknowledged ({self.pairs:,} in all, "
-                f"{self.reads:,} cross reads); last new pair at {when}")
+        counts = f"{self.pairs:,} in all, {self.reads:,} cross reads"
+        if self.carried:
+            counts = (f"{counts} in this engine run; {self.carried:,} unacknowledged from before the engine "
+                      "restarted")
+        head = f"{new:,} new pair(s) of requests since you last acknowledged ({counts}); last new pair at {when}"
         tenants = sorted(self.tenants(), key=lambda pair: (pair[0] or "", pair[1] or ""))
         out = [head]
         if tenants:
             out.append("Tenants: " + ", ".join(tenant_sentence(r, s) for r, s in tenants[:6])
                        + (" …" if len(tenants) > 6 else ""))
-        out += [c.sentence() for c in reversed(self.recent[-limit:])]
+        out += [c.sentence() for c in reversed(self._shown()[-limit:])]
         return out

@@ -17,6 +17,7 @@ import numpy as np
 from engine.client import PageMirror
 from engine.wire.page_tags import PageState
 from engine.wire.protocol import Message
+from gui.model.alert_rows import AlertRow, RestartMark, alert_row, restart_marker
 from gui.model.crossings import Crossing, CrossingWatch
 from gui.model.events import Events
 from gui.model.find import Find
@@ -35,7 +36,8 @@ METRIC_SERIES = ("tokens_per_s", "ttft_ms_p50", "tpot_ms_p50", "queue_depth", "r
 # frame (every repaint: what depends on the clock alone); check_stale marks stale;
 # selection is emitted at once by `selection`.
 EVENTS = ("pages", "requests", "alerts", "workers", "capacity", "engine", "metrics", "connection", "stale",
-          "frame", "selection", "crossings", "history", "find")
+          "frame", "selection", "crossings", "history", "find", "rewind")
+MAX_RESTARTS = 100  # restart marks kept (the plots show those in their span)
 
 
 @dataclass
@@ -52,12 +54,25 @@ class WorkerRow:
     used_pages: int | None
     inflight: int
     reason: str = ""
+    restarts: int = 0
+    uptime_s: float | None = None  # as the engine said it, at `seen_at`
+    seen_at: float | None = None  # monotonic time of the message that said it
 
     @classmethod
-    def from_wire(cls, w: dict) -> "WorkerRow":
+    def from_wire(cls, w: dict, now: float | None = None) -> "WorkerRow":
         pool = w.get("pool") or {}
+        uptime = w.get("uptime_s")
         return cls(w["name"], w["role"], w["state"], w.get("pid"), w.get("device"), pool.get("name") or w["name"],
-                   pool.get("pages"), pool.get("used_pages"), int(w.get("inflight") or 0), w.get("reason") or "")
+                   pool.get("pages"), pool.get("used_pages"), int(w.get("inflight") or 0), w.get("reason") or "",
+                   int(w.get("restarts") or 0), _number(uptime, None),
+                   time.monotonic() if now is None else now)
+
+    def age_s(self, now: float | None = None) -> float | None:
+        """Seconds since this worker's process started (None: not known, or not running)."""
+        if self.uptime_s is None or not self.running:
+            return None
+        now = time.monotonic() if now is None else now
+        return self.uptime_s + max(0.0, now - (self.seen_at or now))
 
     @property
     def running(self) -> bool:
@@ -94,26 +109,13 @@ class RequestRow:
             self.timeline.append((phase, at))
 
 
-@dataclass
-class AlertRow:
-    """One alert as the engine reports it (the GUI invents none)."""
-
-    id: str
-    kind: str
-    severity: str
-    state: str  # "pending" | "firing" | "resolved"
-    acked: bool
-    first_seen: float
-    last_seen: float
-    count: int
-    requests: list[str]
-    pages: list[int]
-    detail: str
-    pool: str | None = None
-    previous_engine: bool = False  # raised by an engine that has since gone (restarted or replaced)
+def _another_run(before: tuple, now: tuple) -> bool:
+    """(control, started, run) of two status replies: another engine run answers now. A
+    field one of them lacks (a brief status, an engine without a journal) proves nothing."""
+    return any(a is not None and b is not None and a != b for a, b in zip(before, now))
 
 
-def _number(value, default: float) -> float:
+def _number(value, default):
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
@@ -133,7 +135,10 @@ class EngineState:
         self.metrics: dict[str, deque] = {name: deque() for name in METRIC_SERIES}
         self.pool_usage: dict[str, deque] = {}
         self.engine: dict = {}  # from status: endpoints, model, version
-        self.engine_epoch: tuple | None = None  # (control endpoint, start time) of the engine answering
+        self.engine_epoch: tuple | None = None  # (control endpoint, start time, journal run) of the engine answering
+        self.run_number = 0  # engine runs seen by this window, less one: a restart adds one
+        self.restarts: deque[RestartMark] = deque(maxlen=MAX_RESTARTS)
+        self.rewind_to: float | None = None  # wall time the history shows (None: live)
         self.config: dict = {}
         self.last_message_at: float | None = None
         self.messages = 0
@@ -179,38 +184,43 @@ class EngineState:
         self.events.mark(*changed)
         return changed
 
-    def apply_status(self, status: dict) -> set[str]:
-        """A status reply: workers, capacity findings, engine facts, config."""
+    def apply_status(self, status: dict, now: float | None = None) -> set[str]:
+        """A status reply: workers, capacity findings, engine facts, config. A restart of the
+        engine (another start time or journal run) retires the alerts so far and marks it."""
+        now = time.monotonic() if now is None else now
         engine = status.get("engine") or {}
-        epoch = (engine.get("control"), engine.get("started"))
-        if engine.get("started") is not None:
-            if self.engine_epoch is not None and epoch != self.engine_epoch:
-                self._retire_alerts()
-            self.engine_epoch = epoch
+        evidence = status.get("evidence")
+        run = evidence.get("run") if isinstance(evidence, dict) else None
+        epoch = (engine.get("control"), engine.get("started"), run)
+        if engine.get("started") is not None or run is not None:
+            before = self.engine_epoch
+            if before is not None and _another_run(before, epoch):
+                self._restarted(now, before[1], engine.get("started"))
+                self.engine_epoch = epoch
+            else:  # the same run: keep what an earlier reply said and this one leaves out
+                self.engine_epoch = tuple(b if b is not None else a for a, b in zip(before or (None,) * 3, epoch))
         self.engine = status.get("engine", self.engine)
         self.config = status.get("config", self.config)  # a brief status leaves it out
-        self.workers = [WorkerRow.from_wire(w) for w in status.get("workers", [])]
+        self.workers = [WorkerRow.from_wire(w, now) for w in status.get("workers", [])]
         self.capacity = list(status.get("capacity", []))
         changed = {"workers", "capacity", "engine"}
         if "crossings" in status:
-            epoch = (self.engine.get("control"), self.engine.get("started"))  # a restart counts anew
-            self.new_crossings += self.crossings.update(status["crossings"], engine_epoch=epoch)
+            self.new_crossings += self.crossings.update(status["crossings"], engine_epoch=self.run_number)
             changed.add("crossings")
         self.events.mark(*changed)
         return changed
 
-    def _retire_alerts(self) -> None:
-        """Another engine answers now: the alerts so far stay, marked as the previous
-        engine's, under ids of their own (the new engine's ids may be the same strings)."""
-        retired = OrderedDict()
-        for aid, row in self.alerts.items():
-            if not row.previous_engine:
-                aid = f"previous:{aid}"
-                row = replace(row, id=aid, previous_engine=True)
-            retired[aid] = row
-        self.alerts = retired
-        self.new_alerts = []
-        self.events.mark("alerts")
+    def _restarted(self, now: float, previous_started: float | None, started: float | None) -> None:
+        """The engine answering now is another run: the alerts so far are the previous
+        engine's, a marker row says when, and the plots get a mark (the crossings the operator
+        has not acknowledged stay: see CrossingWatch)."""
+        self.run_number += 1
+        self._retire_alerts()
+        wall = time.time()
+        marker = restart_marker(self.run_number, wall, previous_started, started)
+        self.alerts[marker.id] = marker
+        self.restarts.append(RestartMark(now, wall, started))
+        self.events.mark("alerts", "metrics")
 
     def workers_with_live_usage(self) -> list[WorkerRow]:
         """The workers, each pool's used pages counted from the page map's own mirror where
@@ -224,11 +234,15 @@ class EngineState:
         return rows
 
     def current_alerts(self) -> list[AlertRow]:
-        """Alerts of the engine answering now (not of a previous one)."""
-        return [a for a in self.alerts.values() if not a.previous_engine]
+        """Alerts of the engine answering now (not of a previous one, not a marker)."""
+        return [a for a in self.alerts.values() if not a.previous_engine and not a.marker]
+
+    def firing_critical(self) -> int:
+        """Critical alerts firing on the engine answering now."""
+        return sum(1 for a in self.alerts.values() if a.live_firing and a.severity == "critical")
 
     def _on_workers(self, msg: Message, now: float) -> None:
-        self.workers = [WorkerRow.from_wire(w) for w in msg.get("workers", [])]
+        self.workers = [WorkerRow.from_wire(w, now) for w in msg.get("workers", [])]
 
     def _on_capacity(self, msg: Message, now: float) -> None:
         self.capacity = list(msg.get("findings", []))
@@ -281,18 +295,13 @@ class EngineState:
             self.request_of_slot.pop(old.slot, None)
 
     def _on_alerts(self, msg: Message, now: float) -> None:
-        aid = str(msg.get("id") or f"{msg.get('kind')}:{msg.get('seq')}")
-        previous = self.alerts.get(aid)
-        row = AlertRow(
-            aid, str(msg.get("kind", "")), str(msg.get("severity", "warning")), str(msg.get("state", "firing")),
-            bool(msg.get("acked", False)), float(msg.get("first_seen", msg.get("time", 0.0))),
-            float(msg.get("last_seen", msg.get("time", 0.0))), int(msg.get("count", 1)),
-            [str(r) for r in msg.get("requests") or []], [int(p) for p in msg.get("pages") or []],
-            str(msg.get("detail", "")), msg.get("pool"),
-        )
-        self.alerts[aid] = row
-        self.alerts.move_to_end(aid)
-        if row.state == "firing" and (previous is None or previous.state != "firing"):
+        row = alert_row(msg)
+        previous = self.alerts.get(row.id)
+        if row.previous_run:  # the engine read it back from its journal: the row this window retired is the same
+            self.alerts.pop(f"previous:{row.id}", None)
+        self.alerts[row.id] = row
+        self.alerts.move_to_end(row.id)
+        if row.live_firing and (previous is None or previous.state != "firing"):
             self.new_alerts.append(row)
         while len(self.alerts) > MAX_ALERTS:
             self.alerts.popitem(last=False)
@@ -348,6 +357,15 @@ class EngineState:
         if added:
             self.events.mark("history")
         return added
+
+    def set_rewind(self, wall_time: float | None) -> bool:
+        """The history shows wall time `wall_time` (None: live); the views that rewind follow
+        event rewind."""
+        if wall_time == self.rewind_to:
+            return False
+        self.rewind_to = wall_time
+        self.events.mark("rewind")
+        return True
 
     def take_new_crossings(self) -> list[Crossing]:
         new, self.new_crossings = self.new_crossings, []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import html
 import json
+import time
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QApplication, QHBoxLayout, QPushButton, QTextBrowser, QVBoxLayout, QWidget
@@ -21,6 +22,8 @@ from gui.model.scope_summary import scope_document, scope_text, tenant_pairs
 from gui.widgets.state_view import StateView
 
 SCOPE_MARGIN_S = 5.0  # the scope asked for: the alert's lifetime, padded on both sides
+SCOPE_AGAIN_S = 5.0  # a firing alert's scope is asked again at most this often as it grows
+MAX_PAGES_SHOWN = 64
 
 
 def _time(t: float) -> str:
@@ -37,6 +40,13 @@ def _who(pair: dict, side: str) -> str:
     name = _link(rid) if rid else f"slot {html.escape(str(pair.get(f'{side}_slot', '?')))}"
     tenant = pair.get(f"{side}_tenant")
     return f"{name} <small>({html.escape(f'tenant {tenant}' if tenant else 'no known tenant')})</small>"
+
+
+def _more(left_out: int, noun: str) -> str:
+    """" … +N more requests not listed" where a list is cut; "" where it is whole."""
+    if not left_out:
+        return ""
+    return f" <b>… +{left_out:,} more {noun}{'s' if left_out != 1 else ''} not listed</b>"
 
 
 def runbook_html(kind: str) -> str:
@@ -57,6 +67,7 @@ class AlertDetail(StateView, QWidget):
         self.state = state
         self.alert: AlertRow | None = None
         self.pairs: list[dict] | None = None
+        self._scope_asked_at = 0.0  # monotonic time of the last scope asked for
         self.view = QTextBrowser()
         self.view.setOpenLinks(False)
         self.view.anchorClicked.connect(lambda url: self.request_clicked.emit(url.toString().removeprefix("request:")))
@@ -76,17 +87,42 @@ class AlertDetail(StateView, QWidget):
         layout.addLayout(buttons)
         self.show_alert(None)
 
+    def follows(self) -> dict:
+        return {"alerts": self.follow_alert}
+
+    def state_replaced(self) -> None:
+        self.follow_alert()
+
+    def follow_alert(self) -> None:
+        """The alert shown as the state has it now (the table and the detail never disagree);
+        an alert the state no longer holds stays as last seen."""
+        if self.alert is None:
+            return
+        now = self.state.alerts.get(self.alert.id)
+        if now is not None and now is not self.alert:
+            self.show_alert(now)
+
     def show_alert(self, alert: AlertRow | None) -> None:
-        """Show `alert` and ask for the scope of its time window (again only if it moved on)."""
+        """Show `alert` and ask for the scope of its time window: at once for another alert,
+        and for the same one again when it moved on (at most every SCOPE_AGAIN_S while it
+        grows; the scope shown so far stays meanwhile)."""
         same = alert is not None and self.alert is not None and alert.id == self.alert.id
-        if same and alert.last_seen == self.alert.last_seen and self.pairs is not None:
+        if same:
+            moved = alert.last_seen != self.alert.last_seen or alert.state != self.alert.state
             self.alert = alert
             self._render()
+            if moved and (alert.state != "firing" or time.monotonic() - self._scope_asked_at >= SCOPE_AGAIN_S):
+                self._ask_scope()
             return
         self.alert, self.pairs = alert, None
         self._render()
-        if alert is not None:
-            self.scope_requested.emit(alert.first_seen - SCOPE_MARGIN_S, alert.last_seen + SCOPE_MARGIN_S)
+        if alert is not None and not alert.marker:
+            self._ask_scope()
+
+    def _ask_scope(self) -> None:
+        self._scope_asked_at = time.monotonic()
+        alert = self.alert
+        self.scope_requested.emit(alert.first_seen - SCOPE_MARGIN_S, alert.last_seen + SCOPE_MARGIN_S)
 
     def show_scope(self, pairs: list[dict]) -> None:
         self.pairs = pairs
@@ -117,16 +153,24 @@ class AlertDetail(StateView, QWidget):
         if alert is None:
             self.view.setHtml("<p>Select an alert to see its requests, pages and the incident scope.</p>")
             return
+        if alert.marker:
+            self.view.setHtml(f"<p><b style='color:{theme.color('warning').name()}'>Engine restarted</b></p>"
+                              f"<p>{html.escape(alert.detail)}</p>")
+            return
         tone = theme.color("danger" if alert.severity == "critical" else "warning").name()
         requests = ", ".join(_link(r) for r in alert.requests) or "—"
-        pages = ", ".join(str(p) for p in alert.pages[:64]) or "—"
+        pages = ", ".join(str(p) for p in alert.pages[:MAX_PAGES_SHOWN]) or "—"
+        gone = (" · <i>raised by the previous engine</i>" if alert.previous_engine
+                else " · <i>an earlier engine run</i>" if alert.previous_run else "")
+        episode = f" · episode {alert.episode}" if alert.episode else ""
         parts = [
             f"<p><b style='color:{tone}'>{html.escape(alert.kind)}</b> · {html.escape(alert.severity)} · "
-            f"{html.escape(alert.state)}{' · acknowledged' if alert.acked else ''} · {alert.count}× · "
-            f"{_time(alert.first_seen)}–{_time(alert.last_seen)}</p>",
+            f"{html.escape(alert.state)}{' · acknowledged' if alert.acked else ''} · {alert.count:,}× · "
+            f"{_time(alert.first_seen)}–{_time(alert.last_seen)}{episode}{gone}</p>",
             f"<p>{html.escape(alert.detail)}</p>",
-            f"<p><b>Requests</b>: {requests}<br><b>Pages</b>{' of ' + html.escape(alert.pool) if alert.pool else ''}"
-            f": {pages}</p>",
+            f"<p><b>Requests</b>: {requests}{_more(alert.requests_left_out, 'request')}"
+            f"<br><b>Pages</b>{' of ' + html.escape(alert.pool) if alert.pool else ''}: {pages}"
+            f"{_more(alert.pages_left_out + max(0, len(alert.pages) - MAX_PAGES_SHOWN), 'page')}</p>",
             runbook_html(alert.kind),
         ]
         if self.pairs is None:

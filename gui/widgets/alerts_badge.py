@@ -33,7 +33,7 @@ class AlertsTabBadge(StateView, QObject):
         return {"alerts": self.refresh, "crossings": self.refresh}
 
     def refresh(self) -> None:
-        firing = sum(1 for a in self.state.alerts.values() if a.state == "firing" and not a.acked)
+        firing = sum(1 for a in self.state.alerts.values() if a.live_firing and not a.acked)
         crossed = self.state.crossings.unacknowledged
         self.tabs.setTabText(self.index, badge_text(firing, crossed))
         self.tabs.tabBar().setTabTextColor(self.index, theme.color("danger") if firing or crossed

@@ -34,13 +34,15 @@ COLUMNS = ("Last seen", "Severity", "Kind", "Requests", "Pages", "Detail", "Stat
 FILTERS = ("All alerts", "Unresolved")
 
 
-def short_list(items: list, limit: int = 3) -> str:
-    """"r1, r2, r3 +4" — the first few items and how many more."""
+def short_list(items: list, limit: int = 3, left_out: int = 0) -> str:
+    """"r1, r2, r3 +4" — the first few items and how many more (`left_out`: more the list
+    itself does not hold)."""
     shown = ", ".join(str(i) for i in items[:limit])
-    return shown + (f" +{len(items) - limit}" if len(items) > limit else "")
+    more = max(0, len(items) - limit) + left_out
+    return shown + (f" +{more:,}" if more else "")
 
 
-def page_ranges(pages: list[int], limit: int = 4) -> str:
+def page_ranges(pages: list[int], limit: int = 4, left_out: int = 0) -> str:
     """[3, 4, 5, 9] -> "3–5, 9"; after `limit` ranges, how many pages more."""
     ranges: list[list[int]] = []
     for page in sorted(set(pages)):
@@ -49,8 +51,17 @@ def page_ranges(pages: list[int], limit: int = 4) -> str:
         else:
             ranges.append([page, page])
     text = ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in ranges[:limit])
-    rest = sum(b - a + 1 for a, b in ranges[limit:])
-    return text + (f" +{rest}" if rest else "")
+    rest = sum(b - a + 1 for a, b in ranges[limit:]) + left_out
+    return text + (f" +{rest:,}" if rest else "")
+
+
+def state_text(a: AlertRow) -> str:
+    """The State column: the state, how often, and whose run it was."""
+    if a.marker:
+        return "engine restarted"
+    episode = f" · episode {a.episode}" if a.episode and a.episode > 1 else ""
+    gone = " · previous engine" if a.previous_engine else " · previous run" if a.previous_run else ""
+    return a.state + (f" ×{a.count:,}" if a.count > 1 else "") + episode + gone
 
 
 def local_time(timestamp: float) -> str:
@@ -63,30 +74,36 @@ _CELLS = (
     lambda a: local_time(a.last_seen),
     lambda a: a.severity,
     lambda a: a.kind,
-    lambda a: short_list(a.requests),
-    lambda a: page_ranges(a.pages),
+    lambda a: short_list(a.requests, left_out=a.requests_left_out),
+    lambda a: page_ranges(a.pages, left_out=a.pages_left_out),
     lambda a: a.detail.splitlines()[0] if a.detail else "",
-    lambda a: a.state + (f" ×{a.count}" if a.count > 1 else "") + (" · previous engine" if a.previous_engine else ""),
-    lambda a: "yes" if a.acked else "",
+    state_text,
+    lambda a: "yes" if a.acked and not a.marker else "",
 )
 
 
 def alert_text(a: AlertRow) -> str:
     """One alert as plain text for a ticket or a chat: every field, the detail whole."""
-    gone = " (raised by the previous engine)" if a.previous_engine else ""
+    if a.marker:
+        return f"{local_time(a.first_seen)} {a.detail}"
+    gone = (" (raised by the previous engine)" if a.previous_engine
+            else " (an earlier engine run)" if a.previous_run else "")
+    more = f" (+{a.requests_left_out:,} more not listed)" if a.requests_left_out else ""
+    more_pages = f" (+{a.pages_left_out:,} more not listed)" if a.pages_left_out else ""
     return "\n".join([
-        f"{a.kind} · {a.severity} · {a.state}{' · acknowledged' if a.acked else ''}{gone}",
+        f"{a.kind} · {a.severity} · {a.state}{' · acknowledged' if a.acked else ''}{gone}"
+        + (f" · episode {a.episode}" if a.episode else ""),
         f"first seen {local_time(a.first_seen)}, last seen {local_time(a.last_seen)}, {a.count}×"
         + (f" · pool {a.pool}" if a.pool else ""),
-        f"requests: {', '.join(a.requests) or '-'}",
-        f"pages: {page_ranges(a.pages) or '-'}",
+        f"requests: {', '.join(a.requests) or '-'}{more}",
+        f"pages: {page_ranges(a.pages) or '-'}{more_pages}",
         a.detail,
     ]).rstrip()
 
 
 def acknowledge_enabled(rows: list[AlertRow], readonly: bool) -> bool:
     """Acknowledge is possible when not read-only and a selected alert is unacknowledged."""
-    return not readonly and any(not row.acked and not row.previous_engine for row in rows)
+    return not readonly and any(row.ackable for row in rows)
 
 
 class AlertsModel(RowTableModel):
@@ -103,17 +120,22 @@ class AlertsModel(RowTableModel):
         if role == Qt.DisplayRole:
             return _CELLS[col](row)
         if role == Qt.ToolTipRole:
+            if row.marker:
+                return row.detail
             return (f"{row.kind} ({row.severity}, {row.state})\nfirst seen {local_time(row.first_seen)}, "
                     f"last seen {local_time(row.last_seen)}, {row.count}×\nrequests: {', '.join(row.requests) or '-'}"
                     f"\npages: {', '.join(map(str, row.pages)) or '-'}\n\n{row.detail}")
         if role == Qt.ForegroundRole:
-            if col == 1:
+            if row.marker:
+                return theme.color("warning")
+            if col == 1 and not row.gone:
                 return theme.severity_color(row.severity)
-            if row.state == "resolved" or row.previous_engine:
+            if row.state == "resolved" or row.gone:
                 return theme.color("muted")
-        if role == Qt.FontRole and row.state == "firing" and not row.acked and not row.previous_engine:
+        if role == Qt.FontRole and (row.marker or row.gone or row.live_firing and not row.acked):
             font = QFont()
-            font.setBold(True)
+            font.setBold(row.marker or row.live_firing)
+            font.setItalic(row.gone)
             return font
         return None
 
@@ -189,13 +211,13 @@ class AlertsTable(StateView, QWidget):
         alerts = self.state.alerts.values()
         find, tenant = self.state.find, self.state.tenant_of_request
         rows = [a for a in alerts if not (unresolved_only and a.state == "resolved")
-                and (not find.active or any(find.matches(r, tenant(r)) for r in a.requests))]
+                and (not find.active or a.marker or any(find.matches(r, tenant(r)) for r in a.requests))]
         rows.reverse()  # arrival order breaks last_seen ties, newest first
         rows.sort(key=lambda a: a.last_seen, reverse=True)
         selected = self.selected_ids()
         if self.model.update_rows(rows) and selected:
             self._select_ids(selected)
-        firing = sum(1 for a in rows if a.state == "firing" and not a.previous_engine)
+        firing = sum(1 for a in rows if a.live_firing)
         self.count_label.setText(f"{len(rows):,} shown, {firing:,} firing")
         self._update_actions()
 
@@ -229,7 +251,7 @@ class AlertsTable(StateView, QWidget):
         """Emit acknowledge_requested with the selected unacknowledged alerts (if allowed)."""
         rows = self.selected_rows()
         if acknowledge_enabled(rows, self._readonly):
-            self.acknowledge_requested.emit([r.id for r in rows if not r.acked and not r.previous_engine])
+            self.acknowledge_requested.emit([r.id for r in rows if r.ackable])
 
     def copy_selected(self, form: str = "text") -> str:
         """Put the selected alerts on the clipboard, whole ("text": one block per alert, or

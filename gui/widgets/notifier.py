@@ -53,7 +53,7 @@ class Notifier(StateView, QObject):
 
     def on_alerts(self) -> None:
         for alert in list(self.state.alerts.values()):
-            if alert.state != "firing" or alert.kind in self._kinds_seen:
+            if not alert.live_firing or alert.kind in self._kinds_seen:
                 continue
             self._kinds_seen.add(alert.kind)
             if alert.kind in ISOLATION_KINDS or alert.severity == "critical":

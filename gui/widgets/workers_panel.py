@@ -26,11 +26,11 @@ from gui.model.engine_state import RUNNING_STATES, EngineState, WorkerRow
 from gui.widgets.row_table_model import RowTableModel, row_table_view
 from gui.widgets.state_view import StateView
 
-COLUMNS = ("Worker", "Role", "State", "PID", "Device", "Pool usage")
-USAGE_COLUMN = 5
-WIDTHS = (90, 64, 72, 64, 70, 150)  # preferred; the usage column stretches beyond its share
+COLUMNS = ("Worker", "Role", "State", "PID", "Device", "Restarts", "Age", "Pool usage")
+RESTARTS_COLUMN, AGE_COLUMN, USAGE_COLUMN = 5, 6, 7
+WIDTHS = (90, 64, 72, 64, 70, 56, 56, 150)  # preferred; the usage column stretches beyond its share
 USAGE_MIN_WIDTH = 110  # "4,096/4,096" in a bar
-MIN_COLUMN_WIDTH = 28
+MIN_COLUMN_WIDTH = 20  # elided to a letter or two: the usage column must keep its room
 STARTABLE = ("stopped", "crashed")
 RUNNING = RUNNING_STATES
 STATE_COLOR = {"ready": "ok", "crashed": "danger", "starting": "warning", "draining": "warning",
@@ -62,6 +62,19 @@ def column_widths(available: int, widths: tuple[int, ...] = WIDTHS, keep: int = 
     return fitted
 
 
+def age_text(seconds: float | None) -> str:
+    """A process's age as "42 s", "12 min", "3.5 h" or "2.1 d"; "—" when not running."""
+    if seconds is None:
+        return "—"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172_800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86_400:.1f} d"
+
+
 def usage_text(worker: WorkerRow) -> str:
     if not worker.pages:
         return "—"
@@ -83,16 +96,22 @@ class WorkersModel(RowTableModel):
         if role == Qt.DisplayRole:
             state = f"{w.state}?" if self.stale else w.state
             pid = "" if w.pid is None else (f"({w.pid})" if self.stale else str(w.pid))
-            return (w.name, w.role, state, pid, w.device or "—", usage_text(w))[col]
+            return (w.name, w.role, state, pid, w.device or "—", f"{w.restarts:,}", age_text(w.age_s()),
+                    usage_text(w))[col]
+        if role == Qt.TextAlignmentRole and col in (RESTARTS_COLUMN, AGE_COLUMN):
+            return int(Qt.AlignRight | Qt.AlignVCenter)
         if role == Qt.UserRole and col == USAGE_COLUMN:
             return (w.used_pages or 0, w.pages or 0)
         if role == Qt.ForegroundRole and (col == 2 or self.stale):
             return theme.color("muted" if self.stale else STATE_COLOR.get(w.state, "muted"))
+        if role == Qt.ForegroundRole and col == RESTARTS_COLUMN and w.restarts:
+            return theme.color("warning")
         if role == Qt.ToolTipRole:
             extra = f"\n{w.reason}" if w.reason else ""
             known = ("No answer from the engine: this is the last known state, not the state now.\n"
                      if self.stale else "")
-            return f"{known}{w.name}: {w.state}, {w.inflight} in-flight request(s), pool {w.pool}{extra}"
+            return (f"{known}{w.name}: {w.state}, {w.inflight} in-flight request(s), pool {w.pool}, "
+                    f"restarted {w.restarts:,} time(s) since the engine started{extra}")
         return None
 
     def set_stale(self, stale: bool) -> None:
@@ -173,7 +192,14 @@ class WorkersPanel(StateView, QWidget):
                 header.resizeSection(col, width)
 
     def follows(self) -> dict:
-        return {"workers": self.refresh, "pages": self.refresh, "connection": self.refresh, "stale": self.refresh}
+        return {"workers": self.refresh, "pages": self.refresh, "connection": self.refresh, "stale": self.refresh,
+                "frame": self._tick_age}
+
+    def _tick_age(self) -> None:
+        """The age column moves with the clock, between the engine's reports."""
+        if self.model.rows:
+            self.model.dataChanged.emit(self.model.index(0, AGE_COLUMN), self.model.index(len(self.model.rows) - 1,
+                                                                                          AGE_COLUMN))
 
     def refresh(self) -> None:
         self.model.set_stale(bool(self.state.stale))

@@ -27,14 +27,22 @@ def test_new_pairs_are_announced_once_and_acknowledge_lasts_until_the_next():
     assert [c.seq for c in new] == [2, 3] and watch.unacknowledged == 2 and watch.last_new_at == 102.0
 
 
-def test_more_new_pairs_than_listed_still_announce_one_and_a_new_engine_starts_over():
+def test_more_new_pairs_than_listed_still_announce_one_and_a_new_engine_counts_anew_keeping_the_unacknowledged():
     watch = CrossingWatch()
     watch.update({"pairs": 2, "recent": [_pair(1, 1.0), _pair(2, 2.0)]}, "e1")
     watch.acknowledge()
     new = watch.update({"pairs": 500, "recent": [_pair(2, 2.0)]}, "e1")  # the list kept an old one only
     assert len(new) == 1 and watch.unacknowledged == 498
     new = watch.update({"pairs": 1, "recent": [_pair(1, 5.0, reader="x")]}, "e2")  # restarted engine
-    assert [c.reader for c in new] == ["x"] and watch.unacknowledged == 1
+    # its count starts at 0, but the 498 pairs nobody acknowledged before the restart still stand
+    assert [c.reader for c in new] == ["x"] and watch.unacknowledged == 499
+    lines = watch.lines()
+    assert "498 unacknowledged from before the engine restarted" in lines[0]
+    assert any(line.startswith("x (tenant") for line in lines) and any(line.startswith("r2 (tenant") for line in lines)
+    watch.acknowledge()
+    assert watch.unacknowledged == 0 and watch.lines() == []
+    watch.update({"pairs": 1, "recent": [_pair(1, 5.0, reader="y")]}, "e3")  # acknowledged: nothing carried
+    assert watch.unacknowledged == 1 and "before the engine restarted" not in watch.lines()[0]
 
 
 def test_malformed_entries_are_skipped():

@@ -23,7 +23,7 @@ from gui.widgets.requests_table import COLUMNS as REQUEST_COLUMNS
 from gui.widgets.requests_table import RequestsTable
 from gui.widgets.status_line import STALE_OPACITY, StatusLine
 from gui.widgets.toast import Toast
-from gui.widgets.workers_panel import WorkersPanel, actions_enabled
+from gui.widgets.workers_panel import USAGE_COLUMN, WorkersPanel, actions_enabled
 
 _seq = itertools.count(1)
 WORKER_STATES = ("starting", "ready", "draining", "stopping", "stopped", "crashed")
@@ -270,7 +270,7 @@ def test_workers_panel_buttons_follow_selection_state_and_readonly(qtbot):
     panel.refresh()
     assert panel.selected_worker().state == "starting"
     assert enabled() == {"start": False, "stop": True, "restart": True, "reconfigure": True}
-    assert panel.model.index(1, 5).data() == "10/256"
+    assert panel.model.index(1, USAGE_COLUMN).data() == "10/256"
     panel.set_readonly(True)
     assert not any(enabled().values())
 

@@ -149,5 +149,5 @@ def test_export_reopen_equals_the_live_engine(start_server, open_window, qtbot, 
     assert window.transport is not None and window.endpoint == server.control
     qtbot.waitUntil(lambda: connected_and_ready(window), timeout=60_000)
     assert not window.alert_detail.pairs and "affected pair" not in window.alert_detail.view.toPlainText()
-    assert window.windowTitle() == "PageWarden" and window.export_action.isEnabled()
+    assert window.windowTitle().startswith("PageWarden — " + server.control) and window.export_action.isEnabled()
     assert set(window.state.alerts) >= {a["id"] for a in status["alerts"]}  # live again
