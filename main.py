@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.commands import keys, kv_events, local, probe, remote, reproduce, serve
+from engine.commands import evidence, keys, kv_events, local, probe, remote, reproduce, serve
 
 
 def add_gui_args(parser) -> None:
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     local.register(sub)
     serve.register(sub)
     remote.register(sub)
+    evidence.register(sub)
     keys.register(sub)
     reproduce.register(sub)
     kv_events.register(sub)

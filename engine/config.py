@@ -94,6 +94,15 @@ class AuditSection:
     # Per-token content owner beside every pool: what incident scoping and the reproduction
     # ground truth are computed from.
     provenance: bool = True
+    # The evidence journal (SQLite, engine/evidence/): "auto" is a file per engine under the state
+    # directory ($PAGEWARDEN_STATE_DIR, else $XDG_STATE_HOME/pagewarden, else
+    # ~/.local/state/pagewarden), named by the control endpoint; a path puts it there; "" turns
+    # it off (nothing survives a restart then).
+    journal: str = "auto"
+    # Pruned oldest first past either bound. A week of the three-wave incident workload around
+    # the clock is far below the default size (bench/RESULTS.md has the measured bytes per wave).
+    journal_max_age_days: int = 7
+    journal_max_mb: int = 2048
 
 
 @dataclass(frozen=True)
@@ -281,6 +290,8 @@ _RANGES = {
     "marker_chars": (8, 128),
     "webhook_resend_s": (1, 3600),
     "webhook_queue": (1, 100_000),
+    "journal_max_age_days": (1, 3650),
+    "journal_max_mb": (16, 1 << 20),
 }
 
 

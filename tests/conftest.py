@@ -11,6 +11,12 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# Engines started by tests keep their evidence journals in a directory of this run, never in the
+# user's own state directory ([audit] journal = "auto" names one file per engine endpoint).
+if "PAGEWARDEN_STATE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["PAGEWARDEN_STATE_DIR"] = tempfile.mkdtemp(prefix="pagewarden-test-state-")
 # Must precede the first import of a module holding @triton.jit functions.
 if not os.path.exists("/dev/nvidia0"):
     os.environ.setdefault("TRITON_INTERPRET", "1")

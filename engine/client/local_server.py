@@ -46,11 +46,14 @@ def write_config(path: Path, base: EngineConfig | None = None, **sections) -> Pa
 
 
 class LocalServer:
-    def __init__(self, config_path: Path, *extra: str, bind: str = "tcp://127.0.0.1:0"):
+    def __init__(self, config_path: Path, *extra: str, bind: str = "tcp://127.0.0.1:0", wrap=None):
+        """wrap(command) -> command: run serve inside something (a private mount namespace whose
+        disk the test fills, say); the wrapper must exec serve so that kill() reaches it."""
         self.log_path = config_path.with_suffix(".log")
+        command = serve_command("--config", str(config_path), *extra, bind=bind)
         with open(self.log_path, "wb") as log:  # a file, so a chatty server never blocks on a pipe
             self.proc = subprocess.Popen(
-                serve_command("--config", str(config_path), *extra, bind=bind),
+                wrap(command) if wrap else command,
                 cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
                 env={**os.environ, PARENT_ENV: str(os.getpid())},  # it dies with this process
             )

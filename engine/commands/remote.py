@@ -32,6 +32,8 @@ def register(sub) -> None:
                            description="Affected pairs (reader, source, pages, times) from the engine's read log.")
     add_engine_args(scope)
     scope.add_argument("--since-minutes", type=float, help="only the last N minutes (default: all kept)")
+    scope.add_argument("--journal", metavar="FILE",
+                       help="answer from this evidence journal instead of a running engine (it may be dead)")
     scope.add_argument("--json", action="store_true")
     scope.set_defaults(func=cmd_scope)
 
@@ -51,8 +53,9 @@ def register(sub) -> None:
 def _client_errors():
     from engine.client import RemoteError
     from engine.errors import PageWardenError
+    from engine.evidence.journal_read import JournalError
 
-    return (RemoteError, TimeoutError, ValueError, FileNotFoundError, PageWardenError)
+    return (RemoteError, TimeoutError, ValueError, FileNotFoundError, PageWardenError, JournalError)
 
 
 def cmd_status(args) -> int:
@@ -154,8 +157,15 @@ def cmd_scope(args) -> int:
 
     since = time.time() - 60 * args.since_minutes if args.since_minutes else None
     try:
-        with connect(args) as client:
-            result = client.call("scope", since=since)
+        if args.journal:
+            from engine.evidence.journal_source import JournalSource
+
+            with JournalSource(args.journal) as source:
+                since = source.until - 60 * args.since_minutes if args.since_minutes else None
+                result = source.call("scope", since=since)
+        else:
+            with connect(args) as client:
+                result = client.call("scope", since=since)
     except _client_errors() as exc:
         return fail(args, exc, EXIT_FINDING)
     if args.json:

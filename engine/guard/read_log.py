@@ -52,6 +52,7 @@ class ReadLog:
         self.pairs_seen: set[tuple[int, int]] = set()  # (source slot, reader slot), at most MAX_PAIRS
         self.pair_count = 0  # distinct pairs ever (the sequence number of the newest)
         self.recent_pairs: deque[dict] = deque(maxlen=RECENT_PAIRS)
+        self.dirty: set[tuple[int, int, int]] | None = None  # buckets changed since take_dirty() (None: not tracked)
 
     def add(self, record: ReadRecord) -> None:
         self.total += 1
@@ -76,10 +77,25 @@ class ReadLog:
             bucket.source = record.source  # the source became known
         bucket.reads += 1
         bucket.pages.add((record.pool, record.page))
+        if self.dirty is not None:
+            self.dirty.add(key)
         if record.time < bucket.first:
             bucket.first = record.time
         elif record.time > bucket.last:
             bucket.last = record.time
+
+    def track_changes(self) -> None:
+        """From now on remember which buckets changed, for take_dirty() (the evidence journal)."""
+        if self.dirty is None:
+            self.dirty = set()
+
+    def take_dirty(self) -> list[tuple[tuple[int, int, int], "_Bucket"]]:
+        """The buckets changed since the last call, as (key, bucket); forgets them."""
+        if not self.dirty:
+            return []
+        out = [(key, self.buckets[key]) for key in self.dirty if key in self.buckets]
+        self.dirty = set()
+        return out
 
     def scope(self, since: float | None = None, until: float | None = None) -> list[dict]:
         """Affected pairs in [since, until]: who received data written by whom, through which

@@ -5,12 +5,19 @@ Condition alerts (capacity, a crashed or unresponsive worker) resolve when the c
 clears. Incident alerts (a transfer mismatch, a late write, an ownership violation, an
 admission rejection) aggregate per kind and subject and resolve after a quiet minute;
 they stay in the record, acknowledged or not.
+
+An alert that comes back after it resolved is a new *episode*: a new record under the same `id`
+with the next `episode` number and its own `key` (`id#episode`). The earlier episode is kept
+whole (`past`), never overwritten: an incident review needs every wave. Records of an earlier
+engine run (read back from the evidence journal) are kept beside them, marked `previous_run`.
+Each record's `requests` / `pages` lists keep the newest MAX_LISTED; `requests_total` /
+`pages_total` count every distinct one the episode named, so a reader can say "+N more".
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from engine.wire.alert_kinds import ISOLATION_KINDS, SEVERITIES, alert_kind, check_severity
 
@@ -20,6 +27,8 @@ MAX_PROTECTED = 10_000  # critical isolation alerts are evicted only past this m
 REPUBLISH_S = 1.0  # an alert firing again and again is published at most this often
 MAX_LISTED = 50  # requests / pages kept per alert
 MAX_TRANSITIONS = 50  # state changes kept per alert (snapshots show them)
+MAX_PAST = 2_000  # ended episodes kept in memory (the journal keeps them all); past it the oldest go, counted
+MAX_DISTINCT = 1_000_000  # distinct requests / pages counted per episode; past it the totals are lower bounds
 
 
 class AlertBook:
@@ -29,6 +38,11 @@ class AlertBook:
         self.alerts: OrderedDict[str, dict] = OrderedDict()
         self.conditions: set[str] = set()  # ids that resolve on a condition, not on quiet
         self.evicted = 0
+        self.past: deque[dict] = deque()  # ended episodes, oldest first
+        self.past_evicted = 0
+        self.previous: list[dict] = []  # episodes of earlier engine runs (from the journal), read-only
+        self._episodes: dict[str, int] = {}  # alert id -> its newest episode number
+        self._distinct: dict[str, tuple[set, set]] = {}  # alert id -> (requests, pages) of the live episode
         self._published: dict[str, float] = {}  # alert id -> when it was last published
         self._held: set[str] = set()  # repeats not yet published (flush() sends them)
 
@@ -47,10 +61,16 @@ class AlertBook:
             self.publish(dict(record))
 
     def acknowledge(self, ids: list[str]) -> list[str]:
-        """Mark alerts acknowledged; returns the ids that exist."""
+        """Mark alerts acknowledged, by id (its live episode) or by key (any episode, of this
+        run or an earlier one); returns the ids and keys that exist."""
         done = []
+        by_key = None
         for aid in ids:
             record = self.alerts.get(aid)
+            if record is None:
+                if by_key is None:
+                    by_key = {r["key"]: r for r in (*self.previous, *self.past, *self.alerts.values())}
+                record = by_key.get(aid)
             if record is not None:
                 if not record["acked"]:
                     record["acked"] = True
@@ -70,7 +90,17 @@ class AlertBook:
                 self.publish(dict(record))
 
     def records(self) -> list[dict]:
+        """Every episode kept: earlier runs', then this run's ended ones, then the live ones."""
+        return [dict(r) for r in (*self.previous, *self.past, *self.alerts.values())]
+
+    def live(self) -> list[dict]:
+        """The newest episode of each alert of this run."""
         return [dict(r) for r in self.alerts.values()]
+
+    def add_previous(self, records: list[dict]) -> None:
+        """Episodes of an earlier engine run, read back from the journal: shown, never changed
+        (acknowledging one is the only edit) and never forwarded again."""
+        self.previous = [{**r, "previous_run": True} for r in records]
 
     def _set(self, state, kind, severity, detail, subject, condition, requests, pages, fields) -> dict:
         alert_kind(kind), check_severity(severity)  # a kind or severity not declared is a bug: raise
@@ -78,10 +108,17 @@ class AlertBook:
         now = time.time()
         record = self.alerts.get(aid)
         if record is None or (record["state"] == "resolved" and state != "resolved"):
-            # a new episode: a resolved alert that comes back needs a fresh look
-            record = {"id": aid, "kind": kind, "subject": subject, "first_seen": now, "count": 0,
-                      "acked": False, "requests": [], "pages": [], "transitions": []}
+            # a new episode: a resolved alert that comes back needs a fresh look; the one it
+            # follows is kept whole
+            if record is not None:
+                self._end_episode(aid, record)
+            episode = self._episodes.get(aid, 0) + 1
+            self._episodes[aid] = episode
+            record = {"id": aid, "key": f"{aid}#{episode}", "episode": episode, "kind": kind, "subject": subject,
+                      "first_seen": now, "count": 0, "acked": False, "requests": [], "pages": [],
+                      "requests_total": 0, "pages_total": 0, "transitions": []}
             self.alerts[aid] = record
+            self._distinct[aid] = (set(), set())
         changed = record.get("state") != state or record.get("severity") != severity
         if record.get("state") != state:
             _transition(record, state, now)
@@ -89,8 +126,12 @@ class AlertBook:
         record.update(fields)
         record.update(state=state, severity=severity, detail=detail, last_seen=now)
         record["count"] += state == "firing"
-        record["requests"] = _bounded(record["requests"], [str(r) for r in requests])
-        record["pages"] = _bounded(record["pages"], [int(p) for p in pages])
+        requests, pages = [str(r) for r in requests], [int(p) for p in pages]
+        record["requests"] = _bounded(record["requests"], requests)
+        record["pages"] = _bounded(record["pages"], pages)
+        seen_requests, seen_pages = self._distinct.setdefault(aid, (set(), set()))
+        record["requests_total"] = _count(seen_requests, requests, record["requests_total"])
+        record["pages_total"] = _count(seen_pages, pages, record["pages_total"])
         if condition:
             self.conditions.add(aid)
         while len(self.alerts) > MAX_ALERTS and self._evict_one():
@@ -126,12 +167,33 @@ class AlertBook:
             victim = min(self.alerts, key=lambda a: self.alerts[a]["state"] != "resolved")  # oldest first
         else:
             return False
-        del self.alerts[victim]
+        del self.alerts[victim]  # the journal keeps it; memory keeps the evidence that matters
+        self._distinct.pop(victim, None)
         self.conditions.discard(victim)
         self._held.discard(victim)
         self._published.pop(victim, None)
         self.evicted += 1
         return True
+
+
+    def _end_episode(self, aid: str, record: dict) -> None:
+        """Keep an ended episode whole in `past`; past MAX_PAST the oldest go,
+        counted (the journal still holds them)."""
+        self._distinct.pop(aid, None)
+        self.past.append(record)
+        while len(self.past) > MAX_PAST:
+            self.past.popleft()
+            self.past_evicted += 1
+
+
+def _count(seen: set, new: list, total: int) -> int:
+    """Distinct items ever named: exact while `seen` is under MAX_DISTINCT, then it only grows
+    by the new items that were not among the remembered ones (a lower bound)."""
+    before = len(seen)
+    if before < MAX_DISTINCT:
+        seen.update(new)
+        return total + len(seen) - before
+    return total + sum(1 for item in new if item not in seen)
 
 
 def _protected(record: dict) -> bool:

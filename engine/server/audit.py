@@ -51,8 +51,12 @@ def _bounded(fields: dict) -> dict:
 
 
 class AuditLog:
-    def __init__(self, max_requests: int = MAX_REQUESTS):
+    def __init__(self, max_requests: int = MAX_REQUESTS, sink=None):
+        """sink(subject, event, time, fields): every event as it is recorded, before merging and
+        the per-subject cap (the evidence journal keeps what memory cannot); repeats merged into
+        an earlier event are not passed again (the journal has the crossings and alerts whole)."""
         self.max_requests = max_requests
+        self.sink = sink
         self._subjects: OrderedDict[str, _Subject] = OrderedDict()
         self._next_seq = 1
 
@@ -77,6 +81,8 @@ class AuditLog:
                         total = f"{name}_total"
                         first[total] = first.get(total, len(first.get(name) or [])) + len(value)
                 return
+        if self.sink is not None:
+            self.sink(request_id, event, now, fields)
         if len(subject.events) >= MAX_EVENTS:
             subject.elided += 1
             return

@@ -107,7 +107,7 @@ class ControlOps:
             placeholder = self._admit(request_id, len(prompt), params["max_new_tokens"])
         except (PageWardenError, ProtocolError) as exc:
             sup.counters["rejected"] += 1
-            sup.audit.record(request_id, "rejected", code=exc.code, message=str(exc))
+            sup.audit.record(request_id, "rejected", code=exc.code, message=str(exc), tenant=_tenant_of(msg))
             if exc.code == "admission_rejected":
                 sup.alert("admission_rejected", "info", str(exc), subject=exc.limit_name, requests=[request_id],
                           prevented=True)
@@ -133,9 +133,9 @@ class ControlOps:
         sup.audit.record(request_id, "admitted", slot=slot, prompt_len=len(prompt), prompt_hash=rec.prompt_hash,
                          max_new_tokens=params["max_new_tokens"], tenant=tenant, data_tier=data_tier,
                          model=str(sup.config.model.resolved_path().name))
-        sup.prompt_log.append({"request_id": request_id, "time": time.time(), "tenant": tenant,
-                               "model": str(sup.config.model.resolved_path().name), "prompt_len": len(prompt),
-                               "prompt_hash": rec.prompt_hash, "data_tier": data_tier})
+        sup.log_prompt({"request_id": request_id, "time": time.time(), "tenant": tenant,
+                        "model": str(sup.config.model.resolved_path().name), "prompt_len": len(prompt),
+                        "prompt_hash": rec.prompt_hash, "data_tier": data_tier})
         if identity is not None:
             sup.to_client(identity, pack({"op": "accepted", "id": msg_id, "request_id": request_id, "slot": slot}))
         sup.publish_request(rec)
@@ -227,6 +227,7 @@ class ControlOps:
                 "time": time.time(), "monotonic": time.monotonic(),
                 "model": str(sup.config.model.resolved_path()), "architecture": sup.model_config.architecture,
                 "vocab_size": sup.model_config.vocab_size,
+                "run": sup.evidence.journal.run if sup.evidence.journal is not None else None,
             },
             "config": sup.config.to_dict(),
             "workers": [w.describe() for w in sup.workers.values()],
@@ -240,6 +241,7 @@ class ControlOps:
             "telemetry": sup.telemetry.describe(),
             "canaries": sup.canaries.describe(),
             "alert_forwarding": sup.forwarder.describe(),
+            "evidence": sup.evidence.describe(),
         }
         if not brief:
             result["alerts"] = sup.alerts.records()
@@ -331,7 +333,8 @@ class ControlOps:
         # the telemetry kept comes with the first page; `next` asks for the page after this one
         self._reply(identity, msg, {"since": since, "until": time.time(), "requests": requests,
                                     "engine_events": other, "next": more,
-                                    "telemetry": sup.telemetry.since(since) if not after else []})
+                                    "telemetry": sup.telemetry.since(since) if not after else [],
+                                    "keyframes": sup.evidence.keyframes(since) if not after else []})
 
     def op_ground_truth(self, identity: bytes, msg: Message) -> None:
         """Every decode worker's own list of the cross-request reads it saw happen."""
@@ -405,4 +408,12 @@ class ControlOps:
         """Validate first and report the capacity consequence; apply only when asked."""
         changes = field_of(msg, "changes", "map")
         apply = field_of(msg, "apply", "bool", default=False)
+        if apply:  # who asked for what, before it is applied or refused
+            self.sup.audit.record("engine", "reconfigure_requested", by=self.caller, role=self.role, changes=changes)
         self._reply(identity, msg, reconfigure(self.sup, changes, apply=apply))
+
+
+def _tenant_of(msg: Message) -> str | None:
+    """The tenant a rejected request named, if it named a usable one (for the evidence)."""
+    tenant = msg.get("tenant")
+    return tenant[:64] if isinstance(tenant, str) else None

@@ -30,6 +30,7 @@ from engine.server import reconfigure
 from engine.server.alert_forward import AlertForwarder, instance_label
 from engine.server.alerts import AlertBook
 from engine.server.audit import AuditLog
+from engine.server.evidence_feed import EvidenceFeed, journal_path
 from engine.server.metrics import MetricsWindow
 from engine.server.request_book import RequestBook
 from engine.server.request_record import Phase, RequestRecord
@@ -94,7 +95,7 @@ class Supervisor:
         self.reads = ReadLog()
         self.canaries = CanaryBook(config.canaries.per_minute, config.canaries.marker_chars, config.canaries.enabled)
         self.metrics = MetricsWindow()
-        self.audit = AuditLog()
+        self.audit = AuditLog(sink=self._audit_event)
         self.counters: Counter[str] = Counter()
         self.book = RequestBook()  # every request, and the one place a phase changes
         self.progressed: set[str] = set()  # requests with new tokens since the last update
@@ -106,6 +107,7 @@ class Supervisor:
         self.slots = itertools.count(1)
         self.ask_ids = itertools.count(1)
         self.started_at = time.time()
+        self.ever_served = False  # a decode worker was ready once (no_decode_capacity fires after that)
         self.stopping = False
         self._tokenizer = None
         self._last = {"metrics": 0.0, "workers": 0.0, "capacity": 0.0}
@@ -114,6 +116,10 @@ class Supervisor:
                                   send=self.to_worker, on_spawn=self._worker_spawned,
                                   on_silent=self._worker_silent, on_stop=self._worker_stopping,
                                   on_exit=self._worker_exited)
+        self.evidence = EvidenceFeed(self, journal_path(config.audit.journal, self.control_endpoint), run_info={
+            "host": _hostname(), "control": self.control_endpoint, "config": config.to_dict(),
+            "engine": {"model": str(config.model.resolved_path()), "telemetry": self.telemetry_endpoint,
+                       "architecture": self.model_config.architecture}})
         self.configure_canaries(config.canaries)
         self.configure_forwarding(config.alerts)
         from engine.server.control_ops import ControlOps
@@ -265,6 +271,7 @@ class Supervisor:
         self.stopping = True
         self.workers.shutdown()
         self.forwarder.stop()
+        self.evidence.close()
         for sock in (self.control, self.pub, self.bus):
             sock.close(linger=0)
         if self.curve is not None:
@@ -491,10 +498,35 @@ class Supervisor:
             self.broadcast({"op": "ping"})  # workers that hear nothing for long assume we died
         if now - self._last["capacity"] >= CAPACITY_PERIOD_S:
             self.publish_capacity()
+        self._decode_capacity()
+        self.evidence.periodic(now)
         self.alerts.expire()
         if self.alerts.evicted != self._last.get("evicted", 0):  # forgotten alerts are not resent either
             self._last["evicted"] = self.alerts.evicted
             self.forwarder.keep(self.alerts.alerts)
+
+    def _decode_capacity(self) -> None:
+        """No decode worker ready: nothing can be served. Raised once one has been ready in this
+        run (start-up is not an outage), resolved as soon as one is ready again."""
+        why = self.workers.why_none_ready("decode")
+        if why is None:
+            self.ever_served = True
+            self.alerts.resolve("no_decode_capacity", "decode")
+        elif self.ever_served and self.alerts.alerts.get("no_decode_capacity:decode", {}).get("state") != "firing":
+            self.alert("no_decode_capacity", "critical", f"no decode worker is ready: {why}; queued requests wait, "
+                       f"then fail", subject="decode", condition=True)
+
+    def ask_keyframes(self, reason: str) -> None:
+        """Ask every ready worker for its page metadata, for the evidence journal (a keyframe)."""
+        for worker in self.workers.values():
+            if worker.state == WorkerState.READY and worker.info.get("pool"):
+                ask_id = next(self.ask_ids)
+                self.pending_metadata[ask_id] = (None, reason)
+                self.to_worker(worker, {"op": "page_metadata", "ask_id": ask_id})
+
+    def log_prompt(self, entry: dict) -> None:
+        self.prompt_log.append(entry)
+        self.evidence.prompt(entry)
 
     def load(self) -> dict:
         running = self.book.running()
@@ -508,7 +540,10 @@ class Supervisor:
 
     def publish_workers(self) -> None:
         self._last["workers"] = time.monotonic()
-        self.telemetry.publish("workers", {"workers": [w.describe() for w in self.workers.values()]})
+        workers = [w.describe() for w in self.workers.values()]
+        self.telemetry.publish("workers", {"workers": workers})
+        self.evidence.changed("workers", workers, tuple((w["name"], w["state"], w["pid"], w["restarts"])
+                                                        for w in workers))
 
     def publish_capacity(self) -> None:
         """The standing I6 finding: on the capacity topic, and as a condition alert per pool."""
@@ -521,8 +556,9 @@ class Supervisor:
                                limit_tokens=finding.limit_tokens, shortfall_tokens=finding.shortfall_tokens)
             else:
                 self.alerts.resolve("capacity_exceeds_window", finding.limit)
-        self.telemetry.publish("capacity", {"findings": [f.to_dict() for f in self.findings],
-                                            "exceeds": bool(exceeding(self.findings))})
+        findings = [f.to_dict() for f in self.findings]
+        self.telemetry.publish("capacity", {"findings": findings, "exceeds": bool(exceeding(self.findings))})
+        self.evidence.changed("findings", findings, repr(findings))
 
     def publish_request(self, rec: RequestRecord) -> None:
         self.telemetry.publish("requests", rec.describe())
@@ -540,7 +576,14 @@ class Supervisor:
 
     def _alert_changed(self, record: dict) -> None:
         self.telemetry.publish("alerts", record)
-        self.forwarder.offer(record)  # memory only: the POST happens in the forwarder's thread
+        self.evidence.alert(record)  # a queue only: the journal writes on its own thread
+        if not record.get("previous_run"):
+            self.forwarder.offer(record)  # memory only: the POST happens in the forwarder's thread
+
+    def _audit_event(self, subject: str, event: str, when: float, fields: dict) -> None:
+        evidence = getattr(self, "evidence", None)  # None only while the supervisor is being built
+        if evidence is not None:
+            evidence.event(subject, event, when, fields)
 
     def audit_worker(self, worker: WorkerHandle, event: str) -> None:
         self.audit.record(f"worker:{worker.name}", event, pid=worker.pid, reason=worker.reason)
@@ -565,7 +608,7 @@ class Supervisor:
         """[alerts]: forward to the webhook (or stop); a new receiver hears every firing alert."""
         self.forwarder.configure(section.webhook_url, resend_s=section.webhook_resend_s,
                                  queue=section.webhook_queue, generator_url=section.generator_url)
-        for record in self.alerts.records():
+        for record in self.alerts.live():
             self.forwarder.offer(record)
 
     @property
@@ -594,6 +637,12 @@ class Supervisor:
             return rec.text.delta(rec.output_ids)
         except PageWardenError:
             return None
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 def _next_port(asked: str, bound: str) -> str:

@@ -256,7 +256,9 @@ class WorkerEvents:
         from engine.wire.protocol import pack
 
         waiting = self.sup.pending_metadata.pop(msg.get("ask_id"), None)
-        if waiting is not None:
+        if waiting is not None and waiting[0] is None:  # the supervisor's own ask: a journal keyframe
+            self.sup.evidence.keyframe(msg.get("pool") or worker.name, msg.arrays, reason=waiting[1])
+        elif waiting is not None:
             client, msg_id = waiting
             self.sup.to_client(client, pack({"op": "reply", "id": msg_id, "result": {
                 "pool": msg.get("pool"), "worker": worker.name}}, msg.arrays))

@@ -35,8 +35,9 @@ ALERT_KINDS = (
     AlertKind("ownership_violation", "critical", True, True,
               "a request read or wrote a token slot another request (or nobody) wrote (I1)",
               (_SNAPSHOT_NOW, _DRAIN, _DEFENCES_ON, _NOTIFY_TENANTS,
-               "The requests named were aborted (ownership_policy = \"abort\"); under \"report_only\" their "
-               "replies went out: treat those replies as leaked")),
+               "Read the alert's prevented field: true, the reads were masked and the requests named aborted; "
+               "false (writer_tag_check off, or report_only), their replies went out: treat those replies as "
+               "leaked")),
     AlertKind("transfer_mismatch", "critical", True, True, "a KV transfer did not match its manifest (I3)",
               (_SNAPSHOT_NOW,
                "The request was failed (transfer_mismatch) unless manifest_check is off: then its decode may have "
@@ -137,6 +138,19 @@ ALERT_KINDS = (
               ("Viewers reconnected and saw a sequence gap; press F5 in a viewer whose page maps look stale",
                "Find the client that subscribes to many distinct topics (one per request?) and make it "
                "subscribe by prefix, or attach fewer viewers")),
+    AlertKind("journal_failing", "error", False, False,
+              "the evidence journal cannot write, or drops records (queue full): the incident record is incomplete",
+              ("Read the detail: the disk is full, the file turned read-only, or the writer falls behind",
+               "Serving goes on; what is not written is lost on a restart. Free space or fix the file's "
+               "permissions; the writer tries again every few seconds and the alert resolves when writes succeed",
+               "Export a snapshot now (Ctrl+E): the engine's memory still holds the evidence",
+               "The counts of records dropped and lost stay in status (evidence) and /metrics")),
+    AlertKind("no_decode_capacity", "critical", False, False,
+              "no decode worker is ready: the engine cannot serve",
+              ("Check the Workers panel: every decode worker is stopped, crashed, starting or draining",
+               "Start a stopped one (Workers panel) or wait for the restart policy; queued requests fail after "
+               "workers.unplaced_timeout_s",
+               "The alert resolves as soon as a decode worker is ready")),
     AlertKind("probe_error", "warning", False, False, "the app's black-box probe could not run a round",
               ("Read the detail: the probed endpoint refused, timed out or answered in a shape the probe did "
                "not expect",

@@ -17,11 +17,16 @@ def register(sub) -> None:
     snap.add_argument("--out", required=True, help="the bundle to write (FILE.zip)")
     snap.add_argument("--since", type=float, metavar="MINUTES", help="only the last MINUTES (default: all kept)")
     snap.add_argument("--json", action="store_true", help="end with one JSON line: path, files, warnings")
+    snap.add_argument("--journal", metavar="FILE",
+                      help="build the bundle from this evidence journal alone (the engine may be dead): its "
+                           "alerts, crossings, requests and page-map keyframes; --since counts back from its end")
+    snap.add_argument("--run", help="with --journal: one engine run only (default: every run in the journal)")
     snap.set_defaults(func=cmd_snapshot)
 
 
 def cmd_snapshot(args) -> int:
     from engine.client import RemoteError
+    from engine.evidence.journal_read import JournalError
     from gui.snapshot.bundle import read_bundle, write_bundle
     from gui.snapshot.collect import collect
 
@@ -31,9 +36,16 @@ def cmd_snapshot(args) -> int:
         return fail(args, ValueError(f"--out {args.out!r} must name a .zip file"), EXIT_USAGE)
     since = time.time() - 60 * args.since if args.since else None
     try:
-        with connect(args) as client:
-            snap = collect(client, since=since, endpoint=args.engine)
-    except (RemoteError, TimeoutError, ValueError, FileNotFoundError) as exc:
+        if args.journal:
+            from engine.evidence.journal_source import JournalSource
+
+            with JournalSource(args.journal, run=args.run) as source:
+                since = source.until - 60 * args.since if args.since else source.runs[0]["started"] - 1.0
+                snap = collect(source, since=since, endpoint=source.newest["control"] or "")
+        else:
+            with connect(args) as client:
+                snap = collect(client, since=since, endpoint=args.engine)
+    except (RemoteError, TimeoutError, ValueError, FileNotFoundError, JournalError) as exc:
         return fail(args, exc, EXIT_FINDING)
     try:
         path = write_bundle(snap, args.out)

@@ -1,0 +1,99 @@
+"""JournalSource: the engine's read-only control ops answered from the journal alone.
+
+`collect()` (the snapshot exporter) takes it in place of an EngineClient, so a bundle can be
+built after the engine died or restarted: `main.py snapshot --journal FILE`. Page maps come from
+the journal's keyframes (the newest at or before the window's end), since the pools themselves
+are gone.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from pathlib import Path
+
+from engine.evidence.journal_read import JournalError, JournalReader
+
+NO_KEYFRAME = "no keyframe in the journal"
+
+
+class JournalSource:
+    def __init__(self, path: str | Path, run: str | None = None):
+        """All runs in the journal, or only `run`. Raises JournalError naming the file or run."""
+        self.reader = JournalReader(path)
+        runs = self.reader.runs()
+        if not runs:
+            raise JournalError(f"{path} holds no engine run")
+        if run is not None:
+            runs = [r for r in runs if r["run"] == run]
+            if not runs:
+                raise JournalError(f"{path} holds no run {run!r}; runs: "
+                                   + ", ".join(r["run"] for r in self.reader.runs()))
+        self.runs = runs
+        self.run_ids = [r["run"] for r in runs]
+        newest = runs[-1]
+        self.until = max((r["ended"] or r["last_write"] or r["started"]) for r in runs) + 1.0
+        self.newest = newest
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- the client's interface, as collect() uses it ------------------------------------
+    def status(self) -> dict:
+        reader, runs, newest = self.reader, self.run_ids, self.newest
+        first = self.runs[0]["started"]
+        engine = {**newest["engine"], "control": newest["control"], "hostname": newest["host"],
+                  "started": newest["started"], "time": self.until, "uptime_s": self.until - first,
+                  "run": newest["run"], "runs": [{k: r[k] for k in ("run", "started", "ended", "clean")}
+                                                 for r in self.runs],
+                  "source": "journal", "journal": str(reader.path)}
+        workers = reader.latest("workers", "workers", runs) or []
+        pools = {k["pool"] for k in reader.keyframes(None, self.until, runs)}
+        for worker in workers:
+            if (worker.get("pool") or {}).get("name") not in pools:
+                worker["state"] = NO_KEYFRAME
+        counters = Counter(e["event"] for e in reader.events(None, self.until, runs)
+                           if e["event"] in ("admitted", "rejected", "placeholder", "finished", "failed", "cancelled"))
+        return {"engine": engine, "workers": workers, "alerts": reader.alerts(runs),
+                "capacity": reader.latest("findings", "findings", runs) or [], "config": newest["config"],
+                "counters": dict(counters), "evidence": {"journal": str(reader.path), "runs": engine["runs"],
+                                                          "prunes": reader.prunes()}}
+
+    def call(self, op: str, **kw) -> dict:
+        since, until = kw.get("since"), kw.get("until")
+        if op == "history":
+            history = self.reader.history(since, until, self.run_ids)
+            return {**history, "since": since, "until": until or self.until, "next": None, "telemetry": []}
+        if op == "scope":
+            pairs = self.reader.scope(since, until, self.run_ids)
+            return {"pairs": pairs, "reads": sum(p["reads"] for p in pairs), "since": since, "until": until,
+                    "incomplete_before": None, "dropped_reads": 0}
+        if op == "prompt_log":
+            return {"entries": self.reader.prompt_log(since, self.run_ids)}
+        raise JournalError(f"the journal cannot answer {op!r}")
+
+    def page_metadata(self, pool: str) -> dict:
+        import numpy as np
+
+        frames = [k for k in self.reader.keyframes(None, self.until, self.run_ids) if k["pool"] == pool]
+        if not frames:
+            raise JournalError(f"the journal holds no keyframe of pool {pool!r}")
+        with np.load(io.BytesIO(frames[-1]["arrays"]), allow_pickle=False) as npz:
+            return {name: npz[name].copy() for name in npz.files}
+
+    def keyframes(self, since: float | None = None, until: float | None = None) -> list[dict]:
+        """Every keyframe in the window with its arrays decoded (for the first-crossing maps)."""
+        import numpy as np
+
+        out = []
+        for frame in self.reader.keyframes(since, until, self.run_ids):
+            with np.load(io.BytesIO(frame["arrays"]), allow_pickle=False) as npz:
+                out.append({**{k: v for k, v in frame.items() if k != "arrays"},
+                            **{name: npz[name].tolist() for name in npz.files}})
+        return out
