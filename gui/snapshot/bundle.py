@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.wire.protocol import OPTIONAL_PAGE_FIELDS, PAGE_FIELDS
+from gui.snapshot import first_crossing
 from gui.snapshot.collect import SCHEMA, Snapshot
 
 METRIC_COLUMNS = ("time", "tokens_per_s", "ttft_ms_p50", "ttft_ms_max", "tpot_ms_p50", "queue_depth", "running")
@@ -46,6 +47,8 @@ class OpenedSnapshot:
     images: dict[str, bytes]
     events: list[dict]
     warnings: list[str] = field(default_factory=list)
+    # pool -> {"time", "reason", "arrays"} from pages-first-crossing.npz ({} in older bundles)
+    first_crossing: dict[str, dict] = field(default_factory=dict)
 
     @property
     def verified(self) -> bool:
@@ -91,6 +94,7 @@ def events_jsonl(telemetry: list[dict]) -> bytes:
 def render_files(snap: Snapshot, progress=None) -> dict[str, bytes]:
     """Every member but manifest.json and report.html, by name."""
     from gui.snapshot.pagemap_png import render_pagemap_png
+    from gui.snapshot.report_html import utc
     from gui.snapshot.trace import chrome_trace
 
     step = progress or (lambda fraction, what: None)
@@ -101,7 +105,15 @@ def render_files(snap: Snapshot, progress=None) -> dict[str, bytes]:
     for i, (name, arrays) in enumerate(snap.pages.items()):
         step(0.2 + 0.5 * i / max(1, len(snap.pages)), f"page map of {name}")
         files[f"pagemap-{name}.png"] = render_pagemap_png(pools.get(name, {"name": name}), arrays,
-                                                         snap.state.get("requests", []))
+                                                         snap.state.get("requests", []), when=f"at export time, {snap.manifest.get('created_utc') or '?'}")
+    if snap.first_crossing:
+        step(0.7, "page maps at the first crossing")
+        files[first_crossing.NPZ] = first_crossing.to_npz(snap.first_crossing)
+        for name, frame in snap.first_crossing.items():
+            files[first_crossing.png_name(name)] = render_pagemap_png(
+                pools.get(name, {"name": name}), frame["arrays"], snap.state.get("requests", []),
+                when=f"at the first crossing, {utc(frame['time'])}",
+                crossed=first_crossing.crossed_pages(frame["arrays"]))
     step(0.75, "metrics, events, trace")
     files["metrics.csv"] = metrics_csv(snap.telemetry)
     files["events.jsonl"] = events_jsonl(snap.telemetry)
@@ -214,7 +226,8 @@ def _check(path: Path, members: dict) -> OpenedSnapshot:
     pages = _pages(members.get("pages.npz"), warnings)
     images = {n: d for n, d in members.items() if n.endswith(".png") and isinstance(d, bytes)}
     events = _events(members.get("events.jsonl"), warnings)
-    return OpenedSnapshot(path, manifest, state, pages, images, events, warnings)
+    crossing = first_crossing.from_npz(members.get(first_crossing.NPZ), warnings)
+    return OpenedSnapshot(path, manifest, state, pages, images, events, warnings, crossing)
 
 
 def _pages(data, warnings: list[str]) -> dict[str, dict[str, np.ndarray]]:

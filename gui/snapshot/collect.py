@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from engine.client import __version__
+from gui.snapshot import first_crossing
 from gui.snapshot.report import PRIVACY
 
 SCHEMA = "pagewarden.snapshot/1"
@@ -27,6 +28,8 @@ class Snapshot:
     state: dict
     pages: dict[str, dict[str, np.ndarray]]  # pool -> owner, epoch, writer, filled, state
     telemetry: list[dict] = field(default_factory=list)  # events.jsonl (and metrics.csv from it)
+    # pool -> {"time", "reason", "arrays"}: the pages at the first crossing (first_crossing.py)
+    first_crossing: dict[str, dict] = field(default_factory=dict)
 
 
 def collect(client, *, since: float | None = None, endpoint: str = "", progress=None) -> Snapshot:
@@ -46,6 +49,9 @@ def collect(client, *, since: float | None = None, endpoint: str = "", progress=
     history = client.call("history", since=since)
     requests, engine_events = list(history.get("requests", [])), list(history.get("engine_events", []))
     telemetry = history.get("telemetry", [])  # with the first page only
+    keyframes = history.get("keyframes")  # with the first page only; absent from older engines
+    if keyframes is None and callable(getattr(client, "keyframes", None)):
+        keyframes = client.keyframes(since)  # a journal read offline answers for itself
     while history.get("next"):  # the engine pages a long window: at most ~16 MB an answer
         step(0.1 + 0.4 * (1 - 1 / (1 + len(requests) / 2_000)), f"requests and their events ({len(requests):,} so far)")
         history = client.call("history", since=since, after=int(history["next"]))
@@ -67,6 +73,7 @@ def collect(client, *, since: float | None = None, endpoint: str = "", progress=
         pools.append({"name": name, "role": worker.get("role"), "pages": int(pool.get("pages") or 0),
                       "page_size": int(pool.get("page_size") or 0), "worker": worker.get("name")})
     until = float(history.get("until", time.time()))  # the last page's
+    crossing, problems = first_crossing.choose(keyframes)
     state = {
         "schema": STATE_SCHEMA,
         "window": {"since": float(since), "until": until},
@@ -82,6 +89,7 @@ def collect(client, *, since: float | None = None, endpoint: str = "", progress=
         "prompt_log": prompt_log,
         "counters": status.get("counters", {}),
         "engine_events": engine_events,
+        "first_crossing": first_crossing.describe(keyframes, crossing, problems),
     }
     now = time.time()
     manifest = {
@@ -100,4 +108,4 @@ def collect(client, *, since: float | None = None, endpoint: str = "", progress=
         "config": status.get("config", {}),
         "privacy": PRIVACY,
     }
-    return Snapshot(manifest, state, pages, telemetry)
+    return Snapshot(manifest, state, pages, telemetry, crossing)

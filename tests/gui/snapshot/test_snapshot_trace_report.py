@@ -355,7 +355,7 @@ def test_the_report_is_well_formed_and_self_contained():
     assert not re.search(r"\son[a-z]+\s*=", html)  # no event handler attributes
     for tag, attrs in parser.tags:
         for name in ("src", "href"):
-            assert attrs.get(name) is None or attrs[name].startswith("data:"), (tag, attrs)
+            assert attrs.get(name) is None or attrs[name].startswith(("data:", "#")), (tag, attrs)  # in-page only
     for heading in ("Summary", "Privacy", "Affected pairs", "Alerts", "Timeline", "Page maps",
                     "Capacity findings", "Workers", "Requests", "Engine configuration", "Files in this bundle"):
         assert f"<h2>{heading}" in html, heading
@@ -419,7 +419,7 @@ def test_images_hashes_and_privacy_are_in_the_report():
 
 def test_the_report_lists_failures_capacity_workers_and_config():
     html = _report()
-    failed = html[html.index("<h3>Failed and rejected"):]
+    failed = html[html.index("<h3>Failed, rejected and served from a placeholder"):]
     failed = failed[:failed.index("</table>")]
     assert "ownership_violation" in failed and "context_too_long" in failed and ">r4<" in failed
     assert ">r1<" not in failed
@@ -428,7 +428,7 @@ def test_the_report_lists_failures_capacity_workers_and_config():
     assert "pool:prefill" in html and "1,048,576" in html and "65.0%" in html
     assert "prefill-0" in html and "12 / 4096" in html and ">124<" in html  # a pid, not 124 with commas
     assert "&quot;strict_capacity&quot;: false" in html
-    timeline = html[html.index("<h2>Timeline"):html.index("<h2>Page maps")]
+    timeline = html[html.index("<h2>Timeline"):html.index("<h2>Capacity findings")]
     assert timeline.index("admission_rejected") < timeline.index("acknowledged") < timeline.index("resolved")
     assert 'class="lane"' in timeline and "started" in timeline
     lanes = {m[0]: m[1].count('class="span"') for m in
