@@ -101,7 +101,7 @@ class App:
         self.stop_hosted()
 
     def _hosted_failed(self, why: str) -> None:
-        self.window.statusBar().showMessage(why)
+        self.window.show_message(why, 0, "danger")
         self.window.status_line.set_connection("hosted engine stopped")
 
     def quit(self, *_) -> None:

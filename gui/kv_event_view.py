@@ -72,7 +72,7 @@ class KvEventMixin:
             self.kv_view.state = self.kv_map
         self._show_kv_mode(True)
         self._kv_thread = KvEventThread(watcher, self)
-        self._kv_thread.failed.connect(lambda message: self.statusBar().showMessage(message, 10_000))
+        self._kv_thread.failed.connect(lambda message: self.show_message(message, 15_000, "danger"))
         self._kv_thread.start()
         self.refresh()
 

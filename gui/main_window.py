@@ -45,6 +45,7 @@ from gui.widgets.capacity_banner import CapacityBanner
 from gui.widgets.crossing_banner import CrossingBanner
 from gui.widgets.faults_banner import FaultsBanner
 from gui.widgets.history_bar import HistoryBar
+from gui.widgets.message_area import MessageArea
 from gui.widgets.metrics_plots import MetricsPlots
 from gui.widgets.notifier import Notifier
 from gui.widgets.page_map import PageMapWidget
@@ -57,6 +58,7 @@ from gui.widgets.toast import Toast
 from gui.widgets.workers_panel import WorkersPanel
 
 REFRESH_MS = 100  # 10 Hz at most
+MAP_MIN_WIDTH, MAP_MIN_HEIGHT = 500, 280  # px: two pools side by side stay readable at 1024x700
 KEYFRAME_RETRY_S = 1.0
 RECENT_KEY = "recent_engines"
 SHORTCUTS = {
@@ -96,7 +98,8 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self._last_keyframe_ask = 0.0
         self.snapshot = None  # an OpenedSnapshot while the window shows a bundle
         self.export_job = None
-        self.return_to: tuple | None = None  # the engine to attach again when a snapshot is closed
+        self.live_state: EngineState | None = None  # the engine's state while a snapshot is shown over it
+        self._live_connection = "disconnected"  # its link meanwhile
         self.last_export: str | None = None
         self.setWindowTitle("PageWarden")
         self.resize(1400, 900)
@@ -119,6 +122,8 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self.crossing_banner = CrossingBanner(state)
         self.faults_banner = FaultsBanner(state)
         self.page_map = PageMapWidget(state)
+        # the maps are the window's reason to be: the docks give way before they shrink below this
+        self.page_map.setMinimumSize(MAP_MIN_WIDTH, MAP_MIN_HEIGHT)
         self.history_bar = HistoryBar(state)
         self.history_bar.frame_chosen.connect(self.page_map.show_frame)
         central = QWidget()
@@ -150,7 +155,11 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self._dock("Workers", self.workers_panel, Qt.DockWidgetArea.RightDockWidgetArea)
         self._dock("Metrics", self.metrics, Qt.DockWidgetArea.RightDockWidgetArea)
         self.status_line = StatusLine(state)
-        self.statusBar().addPermanentWidget(self.status_line, 1)
+        self.message_area = MessageArea()
+        self.statusBar().addPermanentWidget(self.message_area, 1)
+        self.statusBar().addPermanentWidget(self.status_line, 0)
+        # anything that still asks the status bar itself shows in the message area
+        self.statusBar().messageChanged.connect(lambda text: text and self._from_status_bar(text))
         self.toast = Toast(self, state=state)
         # selection needs no wiring: every view follows state.selection
         self.workers_panel.command_requested.connect(self.worker_command)
@@ -161,6 +170,14 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self.alert_detail.scope_requested.connect(self._ask_scope)
         self.alert_detail.request_clicked.connect(self.select_request)
         self.alerts_table.snapshot_requested.connect(self.export_alert_snapshot)
+
+    def show_message(self, text: str, timeout_ms: int = 10_000, tone: str = "info") -> None:
+        """A short message in the status bar's message area (never covered by the status line)."""
+        self.message_area.show_message(text, timeout_ms, tone)
+
+    def _from_status_bar(self, text: str) -> None:
+        self.statusBar().clearMessage()  # shown once, by the message area
+        self.show_message(text)
 
     def _dock(self, title: str, widget: QWidget, area) -> QDockWidget:
         dock = QDockWidget(title, self)
@@ -283,22 +300,32 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         return [child for child in self.findChildren(QObject)
                 if isinstance(child, StateView) and child.shows_window_state]
 
+    @property
+    def engine_state(self) -> EngineState:
+        """The state the engine's telemetry goes to: the window's, or the live one behind a snapshot."""
+        return self.live_state if self.snapshot is not None and self.live_state is not None else self.state
+
     def on_telemetry(self, messages: list) -> None:
+        state = self.engine_state
         for msg in messages:
-            self.state.apply(msg)  # marks what changed; views repaint at the next refresh
+            state.apply(msg)  # marks what changed; views repaint at the next refresh
 
     def on_status(self, status: dict) -> None:
-        before = (self.engine_readonly, self.state.engine.get("name"))
-        self.state.apply_status(status)
-        if (self.engine_readonly, self.state.engine.get("name")) != before:
+        state = self.engine_state
+        before = (self.engine_readonly, state.engine.get("name"))
+        state.apply_status(status)
+        if state is self.state and (self.engine_readonly, state.engine.get("name")) != before:
             self._show_readonly()
-        if not self.state.current_alerts() and status.get("alerts"):
+        if not state.current_alerts() and status.get("alerts"):
             from engine.wire.protocol import Message
 
             for record in status["alerts"]:
-                self.state.apply(Message({"topic": "alerts", **record}))
+                state.apply(Message({"topic": "alerts", **record}))
 
     def on_connection(self, state: str) -> None:
+        if self.snapshot is not None:  # the live link behind the snapshot: shown again on Close
+            self._live_connection = state
+            return
         self.connection = state
         self.status_line.set_connection(state)
         self.workers_panel.set_connected(state == "connected")
@@ -323,9 +350,9 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
                     dialog.accept()
             return
         if error:
-            self.statusBar().showMessage(f"{op} failed: {error.get('message')}", 10_000)
+            self.show_message(f"{op} failed: {error.get('message')}", 15_000, "danger")
         elif op in ("start", "stop", "restart"):
-            self.statusBar().showMessage(f"{op} {result.get('name')}: {result.get('state')}", 5_000)
+            self.show_message(f"{op} {result.get('name')}: {result.get('state')}", 8_000, "ok")
 
     def on_stream_event(self, msg) -> None:
         if self.demo is not None and msg.op in ("done", "error"):
@@ -339,14 +366,19 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
             self._refresh_kv()
             self._update_enablement()
             return
-        self.state.check_stale(connected=self.connection == "connected", live=self.snapshot is None)
-        if self.snapshot is None:
-            self.state.record_history()
+        stale = self.state.check_stale(connected=self.connection == "connected", live=self.snapshot is None)
+        dialog = getattr(self, "reconfigure_dialog", None)
+        if dialog is not None and dialog.isVisible():
+            dialog.set_stale(stale)
+        live = self.engine_state if self.transport is not None else None
+        if live is not None:
+            live.record_history()  # behind a snapshot too: Close returns to an unbroken history
         self.state.events.frame.mark()
         self.state.events.flush()
         self._update_enablement()
         self.update_title()
-        if self.state.pages.stale_pools() and time.monotonic() - self._last_keyframe_ask > KEYFRAME_RETRY_S:
+        if (live is not None and live.pages.stale_pools()
+                and time.monotonic() - self._last_keyframe_ask > KEYFRAME_RETRY_S):
             self.ask_keyframe()  # a sequence gap: resynchronise
 
     def _update_enablement(self) -> None:
@@ -361,8 +393,8 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         """Send a command through the transport; refused (None) in readonly mode or offline."""
         if self.transport is None:
             return None
-        if self.effective_readonly and op not in READ_ONLY_OPS:
-            return None
+        if (self.effective_readonly or self.snapshot is not None) and op not in READ_ONLY_OPS:
+            return None  # behind a snapshot the engine is only listened to
         return self.transport.request(op, **fields)
 
     def ask_keyframe(self) -> None:

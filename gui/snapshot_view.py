@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QFileDialog, QMessageBox, QProgressDialog
 from gui.model.snapshot_state import state_from_snapshot
 from gui.snapshot.bundle import SnapshotError, read_bundle
 from gui.snapshot_export import ExportJob
-from gui.transport import TransportClient, TransportThread
+from gui.transport import TransportClient
 
 SNAPSHOT_MARGIN_S = 60.0  # an alert's snapshot starts this long before the alert
 
@@ -40,8 +40,8 @@ class SnapshotMixin:
             f"Exporting incident snapshot: {what}…")))
         job.succeeded.connect(self._export_done)
         job.failed.connect(self._export_failed)
-        job.cancelled.connect(lambda: self.statusBar().showMessage(
-            f"Snapshot export cancelled; nothing was written to {path}", 15_000))
+        job.cancelled.connect(lambda: self.show_message(
+            f"Snapshot export cancelled; nothing was written to {path}", 15_000, "warning"))
         job.finished.connect(lambda: (progress.reset(), setattr(self, "export_job", None)))
         self.export_job, self.export_progress = job, progress
         job.start()
@@ -54,12 +54,12 @@ class SnapshotMixin:
 
     def _export_done(self, path: str, summary: dict) -> None:
         self.last_export = path
-        self.statusBar().showMessage(f"Snapshot written to {path}: {summary['requests']} requests, "
-                                     f"{summary['alerts']} alerts, {summary['affected']} responses affected", 15_000)
+        self.show_message(f"Snapshot written to {path}: {summary['requests']} requests, "
+                          f"{summary['alerts']} alerts, {summary['affected']} responses affected", 20_000, "ok")
 
     def _export_failed(self, message: str) -> None:
         self.last_export = None
-        self.statusBar().showMessage(f"Snapshot export failed: {message}", 15_000)
+        self.show_message(f"Snapshot export failed: {message}", 20_000, "danger")
         QMessageBox.warning(self, "Incident snapshot", f"The snapshot could not be exported.\n\n{message}")
 
     def open_snapshot(self, path: str | None = None) -> bool:
@@ -78,12 +78,12 @@ class SnapshotMixin:
         state, problems = state_from_snapshot(opened)
         opened.warnings.extend(problems)
         self.leave_kv_events()
-        if self.transport is not None:  # Close Snapshot comes back to this engine
-            t = self.transport
-            self.return_to = (t.endpoint, t.server_key, t.client_keys, t.telemetry_override, self.hosted)
-            self.transport.stop()
-            self.transport = None
         self.toggle_demo(False)
+        if self.snapshot is None:
+            # the live session goes on behind the snapshot (history, plots, acknowledgements),
+            # so that Close returns to it as it was, with what happened meanwhile
+            self.live_state = self.state if self.transport is not None else None
+            self._live_connection = self.connection
         self.snapshot = opened
         self.connection = "snapshot"
         self.state = self._fresh_state(state)
@@ -101,26 +101,29 @@ class SnapshotMixin:
         return True
 
     def close_snapshot(self) -> None:
-        """Back to the engine attached before the snapshot was opened (if any): a new
-        connection, a fresh state, no trace of the snapshot beside live alerts."""
+        """Back to the live session shown before the snapshot was opened, as it was (history,
+        plots, acknowledgements) and with what its engine sent meanwhile; no trace of the
+        snapshot beside live alerts. Without one, back to no engine."""
         if self.snapshot is None:
             return
+        live = self.live_state
         self._leave_snapshot()
-        self.state = self._fresh_state()
         self.alert_detail.show_alert(None)
-        back, self.return_to = self.return_to, None
-        if back is not None:
-            endpoint, server_key, client_keys, telemetry, hosted = back
-            self.attach(TransportThread(endpoint, server_key=server_key, client_keys=client_keys,
-                                        telemetry_endpoint=telemetry), endpoint, hosted=hosted)
+        if live is not None and self.transport is not None:
+            self.state = self._fresh_state(live)
+            self.status_line.set_endpoint(self.endpoint, hosted=self.hosted)
+            self.on_connection(self._live_connection)
         else:
+            self.state = self._fresh_state()
             self.connection = "disconnected"
             self.status_line.set_endpoint("", hosted=False)
+            self.status_line.set_connection("disconnected")
         self.refresh()
 
     def _leave_snapshot(self) -> None:
         if self.snapshot is not None:
             self.snapshot = None
+            self.live_state = None
             self.snapshot_banner.hide()
             self.status_line.set_snapshot(None)
             self.set_readonly(self.readonly)

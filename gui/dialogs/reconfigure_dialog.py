@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -38,6 +38,8 @@ PAGE_SIZES = [1 << i for i in range(11)]  # 1 .. 1024, the engine's range
 SCRUB_CHOICES = (("zero", "zero — default"), ("poison", "poison — NaN / sentinel fill"),
                  ("none", "none — measurement only: freed pages keep old data"))
 INT_MAX = (1 << 31) - 1
+VALIDATE_TIMEOUT_S = 20.0  # a validation checks the model files and the machine's memory: seconds, not minutes
+STALE_REASON = "The engine is not answering (STALE): nothing can be validated or applied until it does."
 # the valid range of each number field (the spin boxes accept 0 .. INT_MAX so that a value
 # out of range stays visible as typed and is refused with this message, not clamped)
 LIMITS = {"context_window": (1, INT_MAX), "max_batch": (1, 4096), "prefill_pages": (1, INT_MAX),
@@ -114,10 +116,16 @@ class ReconfigureDialog(QDialog):
     validate_requested = Signal(dict)  # changes
     apply_requested = Signal(dict)  # changes
 
-    def __init__(self, state: EngineState, parent=None):
+    def __init__(self, state: EngineState, parent=None, *, timeout_s: float = VALIDATE_TIMEOUT_S):
         super().__init__(parent)
         self.setWindowTitle("Reconfigure engine")
         self.state = state
+        self.timeout_s = timeout_s
+        self._stale = bool(state.stale)  # the engine stopped answering: nothing can be asked
+        self._waiting = QTimer(self)  # the engine's answer to Validate / Apply is due before it fires
+        self._waiting.setSingleShot(True)
+        self._waiting.timeout.connect(self._no_answer)
+        self._asked = ""  # "Validate" or "Apply" while an answer is due
         self.original: dict = dict(state.config)
         self._readonly = False
         self._pending: dict | None = None  # values sent with the last Validate
@@ -200,6 +208,8 @@ class ReconfigureDialog(QDialog):
             box.toggled.connect(self._edited)
         self.resize(max(640, self.sizeHint().width()), self.sizeHint().height())
         self._edited()
+        if self._stale:
+            self.result_view.setText(STALE_REASON)
 
     # ---- fields --------------------------------------------------------------------------
     def _load(self, config: dict) -> None:
@@ -242,12 +252,44 @@ class ReconfigureDialog(QDialog):
         self._update_buttons()
 
     # ---- validate / apply ------------------------------------------------------------------
+    def set_stale(self, stale: bool) -> None:
+        """The engine stopped answering (True) or answers again: Validate and Apply follow."""
+        stale = bool(stale)
+        if stale != self._stale:
+            self._stale = stale
+            if stale and not self._asked:
+                self.result_view.setText(f"<p style='color:{theme.color('warning').name()}'>"
+                                         f"{html.escape(STALE_REASON)}</p>")
+            elif not stale and not self._asked:
+                self.result_view.setText("The engine answers again. Validate to see the capacity consequence "
+                                         "before applying.")
+            self._update_buttons()
+
+    def _wait_for_answer(self, what: str) -> None:
+        self._asked = what
+        self._waiting.start(int(self.timeout_s * 1000))
+
+    def _answered(self) -> None:
+        self._asked = ""
+        self._waiting.stop()
+
+    def _no_answer(self) -> None:
+        what, self._asked = self._asked, ""
+        self._validated = None
+        why = " (the engine is not answering: STALE)" if self._stale else ""
+        self.result_view.setText(
+            f"<p style='color:{theme.color('danger').name()}'>No answer to {html.escape(what)} from the engine "
+            f"within {self.timeout_s:g} s{why}. Nothing was changed by this window; if the engine answers later, "
+            "its status shows whether the configuration changed.</p>")
+        self._update_buttons()
+
     def validate(self) -> None:
-        if self._readonly or out_of_range(self.values()):
+        if self._readonly or self._stale or self._asked or out_of_range(self.values()):
             return
         self._pending = self.values()
         self._validated = None
         self.result_view.setText("Validating…")
+        self._wait_for_answer("Validate")
         self._update_buttons()
         self.validate_requested.emit(self.changes())
 
@@ -261,10 +303,12 @@ class ReconfigureDialog(QDialog):
             return
         self.apply_button.setEnabled(False)  # one apply per validation
         self.result_view.append("Applying…")
+        self._wait_for_answer("Apply")
         self.apply_requested.emit(self.changes())
 
     def show_result(self, result: dict) -> None:
         """The engine's reply to reconfigure: findings, exceeds, restart, config, applied."""
+        self._answered()
         findings = result.get("findings") or []
         refused = bool(result.get("exceeds")) and bool(config_value(result.get("config") or {},
                                                                     ("engine", "strict_capacity")))
@@ -295,6 +339,7 @@ class ReconfigureDialog(QDialog):
 
     def show_error(self, message: str) -> None:
         """The engine refused the change (or did not answer); nothing can be applied."""
+        self._answered()
         self._validated = None
         self.result_view.setText(f"<p style='color:{theme.color('danger').name()}'>{html.escape(message)}</p>")
         self._update_buttons()
@@ -328,6 +373,9 @@ class ReconfigureDialog(QDialog):
             field.setToolTip(problems.get(key, ""))
         self.invalid_label.setText("; ".join(problems.values()) + (" — fix to validate." if problems else ""))
         self.invalid_label.setVisible(bool(problems))
-        self.validate_button.setEnabled(not self._readonly and not problems)
-        self.apply_button.setEnabled(apply_enabled(self._validated, values, changes_between(self.original, values),
-                                                   self._readonly, self._refused))
+        waiting = bool(self._asked)
+        self.validate_button.setEnabled(not self._readonly and not problems and not self._stale and not waiting)
+        self.validate_button.setToolTip(STALE_REASON if self._stale else "Waiting for the engine's answer…"
+                                        if waiting else "")
+        self.apply_button.setEnabled(not self._stale and not waiting and apply_enabled(
+            self._validated, values, changes_between(self.original, values), self._readonly, self._refused))

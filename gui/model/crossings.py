@@ -91,6 +91,10 @@ class CrossingWatch:
         self.acknowledged = self.pairs
         self.carried, self.carried_recent = 0, []
 
+    def known(self) -> list[Crossing]:
+        """Every pair this window can still name, oldest first (earlier runs' unacknowledged, then this run's)."""
+        return self._shown()
+
     def _shown(self) -> list[Crossing]:
         """The newest pairs the banner can name: the carried ones of earlier runs, then this run's."""
         return self.carried_recent + self.recent

@@ -21,7 +21,7 @@ class CrossingBanner(StateView, Banner):
     acknowledged = Signal()
 
     def __init__(self, state: EngineState, parent=None):
-        super().__init__("crossingBanner", "<b>Data crossed between requests</b>", "Acknowledge", parent)
+        super().__init__("crossingBanner", "<b>Data crossed</b>", "Acknowledge", parent)
         self.ack_button = self.button
         self.ack_button.setToolTip("Hide until the next new pair of requests")
         self.ack_button.clicked.connect(self.acknowledge)

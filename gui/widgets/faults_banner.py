@@ -25,7 +25,7 @@ def weakened(config: dict) -> tuple[list[str], list[str]]:
 
 class FaultsBanner(StateView, Banner):
     def __init__(self, state: EngineState, parent=None):
-        super().__init__("faultsBanner", "<b>Isolation weakened on purpose: this engine runs with --allow-faults</b>",
+        super().__init__("faultsBanner", "<b>Isolation weakened on purpose (--allow-faults)</b>",
                          None, parent)
         warn = theme.color("warning").name()
         self.set_colors(None, warn, border=warn)

@@ -65,6 +65,7 @@ class HistoryBar(StateView, QWidget):
     def go_live(self) -> None:
         was = self.frame
         self.frame = None
+        self.state.set_rewind(None)
         self._sync()
         if was is not None:
             self.frame_chosen.emit(None)
@@ -77,6 +78,7 @@ class HistoryBar(StateView, QWidget):
             return
         self.frame = history.frame(max(0, i))
         self._held = sum(int((p.arrays["state"] != PageState.FREE).sum()) for p in self.frame.pools.values())
+        self.state.set_rewind(self.frame.time)  # the requests table goes back with the maps
         self._sync()
         self.frame_chosen.emit(self.frame)
 

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from gui import theme
@@ -35,6 +35,7 @@ GRID = {"pool_usage": (0, 0, 1, 2), "tokens_per_s": (1, 0, 1, 1), "queue_depth":
 BOTTOM_ROW = 2
 MIN_HEIGHT = 300  # three rows of plots, each with a readable data area (about 60 px)
 TITLE_HEIGHT = 20  # pyqtgraph gives a 9 pt title 30 px
+GAP_S = 3.5  # metrics come once a second: a longer silence is an outage, not a slope
 
 
 def y_top(values: np.ndarray, floor: float = 1.0) -> float:
@@ -51,14 +52,21 @@ class SecondsAgoAxis(pg.AxisItem):
         return [f"{abs(v) * scale:g}" for v in values]
 
 
-def series_xy(series, now: float, span_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """(monotonic time, value) pairs -> (seconds relative to now, values) within span_s."""
+def series_xy(series, now: float, span_s: float, gap_s: float = GAP_S) -> tuple[np.ndarray, np.ndarray]:
+    """(monotonic time, value) pairs -> (seconds relative to now, values) within span_s, with
+    a NaN between two samples more than gap_s apart: the curve breaks there (drawn with
+    connect="finite") instead of drawing a straight line across an outage."""
     if not series:
         return np.empty(0), np.empty(0)
     data = np.asarray(series, dtype=float)
-    x = data[:, 0] - now
+    x, y = data[:, 0] - now, data[:, 1]
     keep = x >= -span_s
-    return x[keep], data[keep, 1]
+    x, y = x[keep], y[keep]
+    gaps = np.flatnonzero(np.diff(x) > gap_s) + 1
+    if len(gaps):
+        x = np.insert(x, gaps, (x[gaps - 1] + x[gaps]) / 2)
+        y = np.insert(y, gaps, np.nan)
+    return x, y
 
 
 class MetricsPlots(StateView, QWidget):
@@ -67,6 +75,7 @@ class MetricsPlots(StateView, QWidget):
         self.state = state
         self.span_s = span_s
         self.stale = False
+        self.restart_lines: dict[str, list[pg.InfiniteLine]] = {}  # plot -> a line per engine restart shown
         self.graphics = pg.GraphicsLayoutWidget()
         self.plots: dict[str, pg.PlotItem] = {}
         self.curves: dict[str, pg.PlotDataItem] = {}  # series name, or "pool:<name>"
@@ -94,7 +103,7 @@ class MetricsPlots(StateView, QWidget):
                 plot.getAxis("bottom").setHeight(4)
             self.plots[name] = plot
             if name != "pool_usage":
-                self.curves[name] = plot.plot([], [])
+                self.curves[name] = plot.plot([], [], connect="finite")
         self.plots["pool_usage"].setYRange(0, 100, padding=0.02)
         self.legend = pg.LegendItem()
         top.addItem(self.legend, row=0, col=1)
@@ -106,7 +115,12 @@ class MetricsPlots(StateView, QWidget):
         self.refresh()
 
     def follows(self) -> dict:
-        return {"metrics": self.refresh, "stale": self._follow_stale}
+        return {"metrics": self.refresh, "stale": self._follow_stale, "frame": self._follow_clock}
+
+    def _follow_clock(self) -> None:
+        """Between metrics (an outage) the curves and marks still move left with the clock."""
+        if self.state.stale:
+            self.refresh()
 
     def _follow_stale(self) -> None:
         self.set_stale(bool(self.state.stale))
@@ -123,10 +137,31 @@ class MetricsPlots(StateView, QWidget):
         for pool, series in sorted(self.state.pool_usage.items()):
             key = f"pool:{pool}"
             if key not in self.curves:
-                self.curves[key] = self.plots["pool_usage"].plot([], [])
+                self.curves[key] = self.plots["pool_usage"].plot([], [], connect="finite")
                 self.legend.addItem(self.curves[key], pool)
                 self._apply_colors()
             self.curves[key].setData(*series_xy(series, now, self.span_s))
+        self._mark_restarts(now)
+
+    def _mark_restarts(self, now: float) -> None:
+        """A vertical line on every plot where the engine restarted (within the span)."""
+        xs = [r.monotonic - now for r in self.state.restarts if r.monotonic - now >= -self.span_s]
+        pen = pg.mkPen(theme.color("warning").name(), width=1, style=Qt.PenStyle.DashLine)
+        for name, plot in self.plots.items():
+            lines = self.restart_lines.setdefault(name, [])
+            while len(lines) < len(xs):
+                line = pg.InfiniteLine(angle=90, movable=False, pen=pen,
+                                       label="restart" if name == "pool_usage" else None,
+                                       labelOpts={"position": 0.9, "color": theme.color("warning").name()})
+                plot.addItem(line, ignoreBounds=True)
+                lines.append(line)
+            while len(lines) > len(xs):
+                plot.removeItem(lines.pop())
+            for line, x in zip(lines, xs):
+                line.setPos(x)
+
+    def state_replaced(self) -> None:
+        self.refresh()  # the marks of the state shown now
 
     def set_readonly(self, readonly: bool) -> None:
         """Plots have no controls; present so the window can treat every view alike."""

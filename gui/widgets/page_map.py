@@ -13,6 +13,7 @@ one RGBA image item per pool over the index image (gui.model.page_grid.shared_ov
 from __future__ import annotations
 
 import datetime as dt
+import weakref
 from html import escape
 
 import numpy as np
@@ -71,6 +72,13 @@ def writer_text(tag: int) -> str:
     if unpacked is None:
         return "never written"
     return f"(slot {unpacked[0]}, epoch {unpacked[1]})"
+
+
+def writer_slots(writer: np.ndarray) -> np.ndarray:
+    """The request slot of each page's writer tag (-1 where nobody wrote it): the vector form
+    of unpack_tag."""
+    tags = np.asarray(writer, dtype=np.int64)
+    return np.where(tags == NO_WRITER, -1, tags >> 32)
 
 
 def _plot_background(name: str) -> tuple[int, int, int]:
@@ -209,6 +217,8 @@ class PageMapWidget(StateView, QWidget):
         self._follow_app_theme = theme_name is None
         name = theme_name or theme.current_mode()
         self.colors = PageColors(name, background=_plot_background(name), selection=self._selection_of(state))
+        self._colors_state = state  # the state these colours were given out for
+        self._colors_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # other states' colours
         self._views: dict[str, _PoolView] = {}
         self._order: list[str] | None = None  # None: rebuild the pool views on the next refresh
         self._stale = False
@@ -267,11 +277,17 @@ class PageMapWidget(StateView, QWidget):
                 "workers": self.refresh, "stale": self._follow_stale, "find": self.refresh}
 
     def state_replaced(self) -> None:
-        """A new engine: slots start over, so colours and tenants are forgotten too."""
-        colors = PageColors(self.colors.theme.name, background=self.colors.theme.background,
-                            selection=self._selection_of(self.state))
+        """A new engine: slots start over, so colours and tenants are forgotten too. A state
+        shown before (the live session behind a closed snapshot) gets its own colours back."""
+        self._colors_of[self._colors_state] = self.colors
+        colors = self._colors_of.pop(self.state, None)
+        if colors is None:
+            colors = PageColors(self.colors.theme.name, background=self.colors.theme.background,
+                                selection=self._selection_of(self.state))
+        elif colors.theme.name != self.colors.theme.name:
+            colors.set_theme(self.colors.theme.name, self.colors.theme.background)
         colors.mode = self.colors.mode
-        self.colors = colors
+        self.colors, self._colors_state = colors, self.state
         self._order = None
         self._legend_tenants = -1  # rewrite the key
         self._legend_shared = False
@@ -428,16 +444,19 @@ class PageMapWidget(StateView, QWidget):
             for view in self._views.values():
                 view.set_found(None)
             return
+        slots = find.matching_slots(self.state.requests.values())  # slots are never reused: any time's requests
         if self.frame is not None:
-            slots = np.array(sorted(s for s, (rid, tenant) in self.frame.owners.items() if find.matches(rid, tenant)),
-                             dtype=np.int64)
-        else:
-            slots = find.matching_slots(self.state.requests.values())
+            then = [s for s, (rid, tenant) in self.frame.owners.items() if find.matches(rid, tenant)]
+            slots = np.union1d(slots, np.array(then, dtype=np.int64))
         for pool in pools:
             view = self._views[pool.name]
             rows, cols = view.image.image.shape
             keep = np.zeros(rows * cols, dtype=bool)
-            keep[:pool.num_pages] = np.isin(pool.arrays["owner"], slots) & (pool.arrays["state"] != FREE)
+            held = pool.arrays["state"] != FREE
+            # a page matches by its owner, or by whose data it holds: after a leak the data
+            # of tenant:acme sits in pages another tenant's request owns
+            keep[:pool.num_pages] = held & (np.isin(pool.arrays["owner"], slots)
+                                            | np.isin(writer_slots(pool.arrays["writer"]), slots))
             view.set_found(keep.reshape(rows, cols))
 
     def _pools_not_running(self) -> dict[str, str]:

@@ -9,6 +9,7 @@ model and restores the selection by request id.
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 
 from PySide6.QtCore import QItemSelectionModel, QModelIndex, Qt, Signal
@@ -23,6 +24,7 @@ from PySide6.QtWidgets import (
 
 from gui import theme
 from gui.model.engine_state import EngineState, RequestRow
+from gui.model.rewind import affected_at, requests_at
 from gui.widgets.row_table_model import RowTableModel, row_table_view
 from gui.widgets.state_view import StateView
 
@@ -55,6 +57,7 @@ class RequestsModel(RowTableModel):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.rows: list[RequestRow] = []
+        self.affected: dict[str, str] = {}  # request id -> why data crossed for it (marked rows)
         self._stamps: list[float] = []  # row.updated at the last refresh
         # the colour key: row -> the colour its pages show in the map (the window sets it)
         self.colour_of = None
@@ -63,8 +66,14 @@ class RequestsModel(RowTableModel):
         if not index.isValid():
             return None
         r, col = self.rows[index.row()], index.column()
+        why = self.affected.get(r.request_id)
         if role == Qt.DisplayRole:
-            return _CELLS[col](r)
+            return f"⚠ {r.request_id}" if col == 0 and why else _CELLS[col](r)
+        if role == Qt.ForegroundRole and col == 0 and why:
+            return theme.color("danger")
+        if role == Qt.ToolTipRole and why:
+            return f"Data crossed: {r.request_id} {why}" + (f"\n{r.error.get('code', 'error')}: "
+                                                           f"{r.error.get('message', '')}" if r.error else "")
         if role == Qt.DecorationRole and col in (0, 1) and self.colour_of is not None:
             return self.colour_of(r)  # a swatch: the request's (or tenant's) colour in the map
         if role == Qt.TextAlignmentRole and col in NUMERIC:
@@ -80,6 +89,10 @@ class RequestsModel(RowTableModel):
             if r.request_id == request_id:
                 return i
         return -1
+
+    def force_repaint(self) -> None:
+        if self.rows:
+            self.dataChanged.emit(self.index(0, 0), self.index(len(self.rows) - 1, len(COLUMNS) - 1))
 
     def update_rows(self, rows: list[RequestRow]) -> bool:
         """Swap in new rows (newest first); True when the model was reset."""
@@ -137,7 +150,17 @@ class RequestsTable(StateView, QWidget):
 
     def follows(self) -> dict:
         return {"requests": self.refresh, "selection": self._follow_selection, "find": self.refresh,
+                "rewind": self._follow_rewind, "crossings": self._follow_rewind, "alerts": self._follow_rewind,
                 "pages": lambda: self.view.viewport().update()}  # colour swatches follow the map
+
+    def _follow_rewind(self) -> None:
+        """The time shown changed (the history slider), or what crossed: the marks and rows follow."""
+        state = self.state
+        affected = affected_at(state.crossings.known(), state.alerts.values(), state.rewind_to)
+        if affected != self.model.affected:
+            self.model.affected = affected
+            self.model.force_repaint()
+        self.refresh()
 
     def _follow_selection(self) -> None:
         request_id = self.state.selection.request_id
@@ -152,15 +175,25 @@ class RequestsTable(StateView, QWidget):
         if len(self._first_seen) > len(requests):
             self._first_seen = {rid: n for rid, n in self._first_seen.items() if rid in requests}
         active_only = self.filter.currentIndex() == 0
-        find = self.state.find
-        rows = [r for r in requests.values() if not (active_only and r.done) and find.matches(r.request_id, r.tenant)]
+        find, at = self.state.find, self.state.rewind_to
+        then = requests_at(requests.values(), at)  # the history's moment, or now
+        rows = [r for r in then if not (active_only and r.done) and find.matches(r.request_id, r.tenant)]
         rows.sort(key=lambda r: (self._first_seen[r.request_id], r.slot), reverse=True)
         selected = self.selected_request()
         if self.model.update_rows(rows) and selected is not None:
             self._select(selected, scroll=False)
-        active = sum(1 for r in requests.values() if not r.done)
+        active = sum(1 for r in then if not r.done)
         found = f" · {len(rows):,} match {find.describe()}" if find.active else ""
-        self.count_label.setText(f"{active:,} active, {len(requests):,} known{found}")
+        marked = sum(1 for r in rows if r.request_id in self.model.affected)
+        crossed = f" · ⚠ {marked:,} with crossed data" if marked else ""
+        if at is None:
+            self.count_label.setText(f"{active:,} active, {len(requests):,} known{found}{crossed}")
+            self.count_label.setStyleSheet("")
+        else:
+            clock = dt.datetime.fromtimestamp(at).strftime("%H:%M:%S")
+            self.count_label.setText(f"as at {clock} (history): {active:,} active then, {len(then):,} arrived by "
+                                     f"then{found}{crossed} · tokens as now")
+            self.count_label.setStyleSheet(f"color: {theme.color('warning').name()}; font-weight: bold")
 
     def set_readonly(self, readonly: bool) -> None:
         """Nothing here changes the engine; present so the window can treat every view alike."""

@@ -30,16 +30,16 @@ class SnapshotBanner(Banner):
     def show_snapshot(self, manifest: dict, path: str, warnings: list[str]) -> None:
         hosts = manifest.get("hostnames") if isinstance(manifest.get("hostnames"), dict) else {}
         window = manifest.get("window") if isinstance(manifest.get("window"), dict) else {}
-        self.title.setText(
-            f"<b>Snapshot (read-only)</b> of engine {manifest.get('endpoint') or '?'} on "
-            f"{hosts.get('engine') or '?'}, taken {_utc(manifest.get('created_unix'))}")
-        lines = [f"{path} — window {_utc(window.get('since'))} to {_utc(window.get('until'))}. "
-                 f"Control actions are off; File → Attach returns to a live engine."]
+        self.title.setText("<b>Snapshot (read-only)</b>")
+        lines = [f"of engine {manifest.get('endpoint') or '?'} on {hosts.get('engine') or '?'}, taken "
+                 f"{_utc(manifest.get('created_unix'))}",
+                 f"{path} — window {_utc(window.get('since'))} to {_utc(window.get('until'))}. "
+                 f"Control actions are off; Close snapshot returns to the live engine."]
         self.verified = not warnings
         if warnings:
             shown = warnings[:6] + ([f"… and {len(warnings) - 6} more"] if len(warnings) > 6 else [])
-            lines.append("WARNING: this bundle does not verify against its manifest; it may have been "
-                         "altered or damaged:\n  " + "\n  ".join(shown))
+            lines[0] = "WARNING: this bundle does not verify against its manifest · " + lines[0]
+            lines.append("It may have been altered or damaged:\n  " + "\n  ".join(shown))
         bg = theme.color("danger_bg").name() if warnings else "#1d4f91"  # red when it fails to verify
         self.set_colors(bg, theme.color("danger_fg").name())
         self.show_lines(lines)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.wire.page_tags import PageState
+from engine.wire.page_tags import NO_WRITER, PageState, pack_tag
 from engine.wire.protocol import Message
 from gui.model.engine_state import EngineState
 from gui.model.find import Find
@@ -24,8 +24,9 @@ def request(rid: str, slot: int, tenant: str, phase: str = "decoding") -> Messag
 
 
 def test_find_across_the_window(start_server, open_window, qtbot):
-    """A real window: the tables show only matches, the maps veil the other pages, and the
-    find box (Ctrl+F) drives it."""
+    """A real window: the tables show only matches, the maps veil the other pages (a page
+    matches by its owner or by its writer: whose data it holds), and the find box (Ctrl+F)
+    drives it."""
     server = start_server()
     window = open_window(server.control)
     client = server.client(timeout_s=120)
@@ -46,16 +47,21 @@ def test_find_across_the_window(start_server, open_window, qtbot):
     # requests above are done, so plant pages in the mirror as a live engine would show them.
     pool = next(iter(window.state.pages.pools.values()))
     acme, globex = window.state.requests["find-0"].slot, window.state.requests["find-1"].slot
-    pool.arrays["owner"][:4] = [acme, acme, globex, -1]
-    pool.arrays["state"][:4] = [PageState.WRITTEN, PageState.WRITTEN, PageState.WRITTEN, PageState.FREE]
-    pool.note_changes(np.arange(4, dtype=np.int32))
+    pool.arrays["owner"][:5] = [acme, acme, globex, -1, globex]
+    pool.arrays["state"][:5] = [PageState.WRITTEN, PageState.WRITTEN, PageState.WRITTEN, PageState.FREE,
+                                PageState.WRITTEN]
+    # page 4 is globex's, but acme's request wrote what it holds (the data of a leak)
+    pool.arrays["writer"][:5] = [pack_tag(acme, 1), pack_tag(acme, 1), pack_tag(globex, 1), NO_WRITER,
+                                 pack_tag(acme, 1)]
+    pool.note_changes(np.arange(5, dtype=np.int32))
     window.state.events.mark("pages")
     window.refresh()
     view = window.page_map._views[pool.name]
-    assert view.found == 2 and view.dim.isVisible()
+    assert view.found == 3 and view.dim.isVisible()
     veil = view.dim.image.reshape(-1, 4)
     assert list(veil[0]) == [0, 0, 0, 0] and veil[2][3] > 0 and veil[3][3] > 0
-    assert "2 pages match the find" in view.title_text
+    assert list(veil[4]) == [0, 0, 0, 0], "a page holding acme's data must match tenant:acme"
+    assert "3 pages match the find" in view.title_text
 
     window.find_box.clear()
     window.refresh()
