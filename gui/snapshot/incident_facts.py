@@ -18,6 +18,11 @@ from gui.model.scope_summary import TenantPair, tenant_pairs, with_tenants
 ENGINE_LIST_CAP = 50
 # Kinds whose very firing means the defence stopped the data (the engine sends no `prevented`)
 PREVENTED_BY_KIND = ("late_write_dropped",)
+# Kinds that say a request read (or answered with) data not its own: not prevented, it reached a
+# response. The others (a transfer accepted despite its manifest, a late write landed) put data
+# where it does not belong, and a later defence may still stop every request they name.
+READ_KINDS = ("ownership_violation", "canary_leak", "canary_marker_in_output", "block_table_mismatch")
+STOPPED_PHASES = ("failed", "cancelled", "rejected")
 PHASES = ("queued", "reserving", "awaiting_prefill", "prefilling", "decoding", "finished", "failed", "rejected",
           "cancelled")
 END_PHASES = ("finished", "failed", "rejected", "cancelled")
@@ -258,15 +263,12 @@ class Outcome:
     readers: tuple[str, ...]  # responses that carried other requests' data (scope readers)
     groups: tuple[TenantPair, ...]
     isolation: tuple[Episode, ...]  # isolation alert episodes
-    defences_off: tuple[Switch, ...]  # at export time (the manifest's config)
-    faults_on: tuple[Switch, ...]
-    ownership_policy: str | None
+    reached: tuple[Episode, ...]  # not shown prevented: their data may have reached a response
+    stopped_later: tuple[Episode, ...]  # their own defence was off, a later one stopped every request named
+    defences_off: tuple[Switch, ...] = ()  # at export time (the manifest's config)
+    faults_on: tuple[Switch, ...] = ()
+    ownership_policy: str | None = None
     placeholders: tuple[dict, ...] = field(default=())
-
-    @property
-    def not_prevented(self) -> tuple[Episode, ...]:
-        """Isolation episodes that do not say their violations were prevented (False or unknown)."""
-        return tuple(e for e in self.isolation if e.prevented is not True)
 
     @property
     def reader_tenants(self) -> tuple[str | None, ...]:
@@ -277,23 +279,28 @@ class Outcome:
         return tuple(dict.fromkeys(g.writer_tenant for g in self.groups))
 
 
-def outcome(state: dict, manifest: dict) -> Outcome:
+def outcome(state: dict, manifest: dict | None = None) -> Outcome:
     """NOT_PREVENTED when any request read another's data (a scope pair) or an isolation alert
-    does not say it was prevented; PREVENTED when isolation alerts fired and every one says its
-    violations were masked or aborted; else NOTHING_CROSSED. Never the milder one on doubt."""
+    is not shown prevented; PREVENTED when isolation alerts fired and each says its violations
+    were masked or aborted, or names only requests a later defence stopped; else
+    NOTHING_CROSSED. On doubt, never the milder one."""
     pairs = affected_pairs(state)
     readers = tuple(dict.fromkeys(str(p["reader"]) for p in pairs if p.get("reader") is not None))
     isolation = tuple(e for e in episodes(state.get("alerts") or []) if e.record.get("kind") in ISOLATION_KINDS)
-    config = manifest.get("config") or {}
+    ended = {str(r.get("request_id")): phase(r) for r in _all_requests(state)}
+
+    def stopped(e: Episode) -> bool:
+        named = e.requests
+        return (e.record.get("kind") not in READ_KINDS and bool(named.listed) and not named.not_kept
+                and not named.uncounted and all(ended.get(str(r)) in STOPPED_PHASES for r in named.listed))
+
+    later = tuple(e for e in isolation if e.prevented is not True and stopped(e))
+    reached = tuple(e for e in isolation if e.prevented is not True and e not in later)
+    config = (manifest or {}).get("config") or {}
     defences, faults = config.get("defences") or {}, config.get("faults") or {}
     off = tuple(d for d in DEFENCES if defences.get(d.name) is False)
     on = tuple(f for f in FAULTS if faults.get(f.name) is True)
     policy = (config.get("engine") or {}).get("ownership_policy")
-    if readers or any(e.prevented is not True for e in isolation):
-        kind = NOT_PREVENTED
-    elif isolation:
-        kind = PREVENTED
-    else:
-        kind = NOTHING_CROSSED
-    return Outcome(kind, readers, tuple(tenant_pairs(pairs)), isolation, off, on, policy,
+    kind = NOT_PREVENTED if readers or reached else PREVENTED if isolation else NOTHING_CROSSED
+    return Outcome(kind, readers, tuple(tenant_pairs(pairs)), isolation, reached, later, off, on, policy,
                    tuple(placeholder_requests(state)))

@@ -14,11 +14,12 @@ import base64
 import json
 from collections import Counter
 
-from engine.wire.alert_kinds import ISOLATION_KINDS
 from gui.snapshot import first_crossing, report_incident
 from gui.snapshot.incident_facts import (
+    NOT_PREVENTED,
     failed_requests,
     is_placeholder,
+    outcome,
     phase,
     placeholder_requests,
     rejected_requests,
@@ -37,9 +38,8 @@ SPAN_COLOURS = {"queue": "#9aa3ad", "prefill": "#3d7bd9", "transfer": "#c26a00",
 
 
 def crossed_alerts(state: dict) -> list[dict]:
-    """Isolation alerts that say data crossed and was not prevented."""
-    return [a for a in state.get("alerts") or []
-            if a.get("kind") in ISOLATION_KINDS and a.get("prevented") is False]
+    """Isolation alert episodes not shown prevented: data may have reached a response."""
+    return [e.record for e in outcome(state).reached]
 
 
 def headline(state: dict) -> str:
@@ -52,8 +52,8 @@ def headline(state: dict) -> str:
         between = f"between {utc(window.get('since'))} and {utc(window.get('until'))}"
         crossed = crossed_alerts(state)
         if crossed:
-            return (f"{len(crossed)} isolation alert(s) say data crossed (not prevented), but no cross read "
-                    f"was logged {between}: export a wider window to scope them")
+            return (f"{len(crossed)} isolation alert(s) say data crossed (not shown prevented), but no cross "
+                    f"read was logged {between}: export a wider window to scope them")
         return f"No cross-request reads were recorded {between}"
     first = min((p["first"] for p in pairs if isinstance(p.get("first"), (int, float))), default=None)
     last = max((p["last"] for p in pairs if isinstance(p.get("last"), (int, float))), default=None)
@@ -112,8 +112,7 @@ def _page_maps(manifest: dict, state: dict, images: dict[str, bytes]) -> str:
                  if n.startswith("pagemap-") and not n.startswith(first_crossing.PNG_PREFIX)}
     pools = sorted(set(at_export) | {n[len(first_crossing.PNG_PREFIX):-len(".png")] for n in images
                                      if n.startswith(first_crossing.PNG_PREFIX)})
-    crossed = bool((state.get("scope") or {}).get("pairs")) or any(
-        a.get("kind") in ISOLATION_KINDS and a.get("prevented") is not True for a in state.get("alerts") or [])
+    crossed = outcome(state).kind == NOT_PREVENTED
     why = (state.get("first_crossing") or {}).get("missing") if "first_crossing" in state else (
         "this bundle was exported before snapshots kept the page maps at the first crossing")
     if not crossing and not crossed:

@@ -98,10 +98,9 @@ def _not_prevented(o: facts.Outcome) -> str:
         head = "Isolation alerts say data crossed and was not prevented; no cross read was logged in this window."
         body = ("<p>Export a wider window to name the responses; until then treat the requests the alerts "
                 "below name as affected.</p>")
-    unsure = [e for e in o.not_prevented if e.prevented is None]
-    if o.not_prevented:
-        body += (f"<p>Alert episodes that do not say their violations were prevented: "
-                 f"{_episode_names(o.not_prevented)}"
+    unsure = [e for e in o.reached if e.prevented is None]
+    if o.reached:
+        body += (f"<p>Alert episodes not shown prevented: {_episode_names(o.reached)}"
                  f"{' (some do not say either way: counted as not prevented)' if unsure else ''}.</p>")
     steps = []
     if n:
@@ -125,9 +124,11 @@ def _not_prevented(o: facts.Outcome) -> str:
 def _prevented(o: facts.Outcome) -> str:
     named = {r for e in o.isolation for r in e.requests.listed}
     head = "Every isolation violation was stopped before another request's data reached a response."
-    body = (f"<p>{len(o.isolation):,} isolation alert episode(s) fired ({_episode_names(o.isolation)}) and "
-            f"each says its violations were masked or aborted; no cross read reached a response in this "
-            f"window.</p>")
+    body = (f"<p>{len(o.isolation):,} isolation alert episode(s) fired ({_episode_names(o.isolation)}); no "
+            f"cross read reached a response in this window.</p>")
+    if o.stopped_later:
+        body += (f"<p>{_episode_names(o.stopped_later)}: its own defence did not stop it, but every request it "
+                 "names failed before an answer went out (a later defence stopped them).</p>")
     steps = [f"<li>The {len(named):,} request(s) the alerts name were masked and failed before another "
              f"request's data reached their clients (they got an error): nobody needs notifying.</li>"]
     turn = _turn_back(o)
@@ -206,8 +207,7 @@ def pairs(state: dict) -> str:
     scope = state.get("scope") or {}
     full = facts.affected_pairs(state)
     groups = facts.tenant_groups(state)
-    crossed = [e for e in facts.episodes(state.get("alerts") or [])
-               if e.record.get("kind") in facts.ISOLATION_KINDS and e.prevented is False]
+    crossed = facts.outcome(state).reached
     if crossed:  # never "nothing crossed" beside an alert that says it did
         empty = (f"No cross read was logged in this window, but {len(crossed)} isolation alert(s) say data "
                  f"crossed and was not prevented (see Alerts): export a wider window to scope them.")

@@ -82,7 +82,11 @@ _ALERT = _record(
      "state": {"enum": ["pending", "firing", "resolved"]},
      "detail": _STR, "first_seen": _NUM, "last_seen": _NUM, "count": _COUNT, "acked": _BOOL},
     {"requests": {"type": "array", "items": _STR}, "pages": {"type": "array", "items": _INT},
-     "prevented": {"type": ["boolean", "null"]}, "transitions": {"type": "array", "items": _TRANSITION}},
+     "prevented": {"type": ["boolean", "null"]}, "transitions": {"type": "array", "items": _TRANSITION},
+     # episodes: an alert that resolves and fires again is a new record of the same id (older
+     # engines sent one record per id); the lists keep the newest 50, the totals count all
+     "episode": {"type": "integer", "minimum": 1}, "key": _STR, "previous_run": _BOOL,
+     "requests_total": _COUNT, "pages_total": _COUNT},
 )
 
 _PAIR = _record({
@@ -91,6 +95,11 @@ _PAIR = _record({
                                          "minItems": 2, "maxItems": 2}},
     "first": _NUM, "last": _NUM, "reads": _COUNT,
 }, {"source_tenant": _OPT_STR, "reader_tenant": _OPT_STR})
+
+_FIRST_CROSSING = _record(
+    {"maps": {"type": "array", "items": _record({"pool": _STR, "time": _NUM, "reason": _STR}, {"pages": _COUNT})},
+     "missing": _OPT_STR},
+    {"keyframes": {"type": ["integer", "null"], "minimum": 0}, "problems": {"type": "array", "items": _STR}})
 
 STATE = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -112,6 +121,9 @@ STATE = {
         "counters": {"type": "object", "additionalProperties": _INT},
         "engine_events": {"type": "array", "items": _record(
             {"subject": _STR, "events": {"type": "array", "items": _EVENT}})},
+    }, {
+        # optional: bundles from before the first-crossing maps lack it
+        "first_crossing": _FIRST_CROSSING,
     }),
 }
 

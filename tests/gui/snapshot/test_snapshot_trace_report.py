@@ -383,7 +383,7 @@ def test_the_report_never_says_nothing_crossed_beside_an_alert_that_says_it_did(
     state["alerts"][0]["prevented"] = False
     html = _report(state)
     assert "No request read another request" not in html and "No cross-request reads were recorded" not in html
-    assert "1 isolation alert(s) say data crossed (not prevented)" in html
+    assert "1 isolation alert(s) say data crossed (not shown prevented)" in html
     state["scope"].update(incomplete_before=T0 + 1.0, dropped_reads=1234)
     assert "Incomplete: 1,234 reads up to" in _report(state)
 
