@@ -65,7 +65,7 @@ class Journal:
         self.lost = 0  # items whose write failed (disk full, read-only file)
         self.error: str | None = None  # why the last write failed (None once writes succeed again)
         self.pruned_rows = 0
-        self._last_prune = 0.0
+        self._last_prune = time.time()  # the first prune a minute after start, off the start-up path
         self._thread = threading.Thread(target=self._run, name="evidence-journal", daemon=True)
         self._thread.start()
 
@@ -98,6 +98,23 @@ class Journal:
 
     def keyframe(self, when: float, pool: str, reason: str, arrays: bytes) -> None:
         self.put("keyframe", when, pool, reason, arrays)
+
+    def sync(self, timeout_s: float = 30.0) -> bool:
+        """Wait until everything queued before this call is written (or failed). False on timeout."""
+        done = threading.Event()
+        try:
+            self.queue.put(("sync", (done,)), timeout=timeout_s)
+        except queue.Full:
+            return False
+        return done.wait(timeout_s)
+
+    def prune_now(self, now: float | None = None, timeout_s: float = 30.0) -> int:
+        """Prune on the writer's thread now (it also does every PRUNE_EVERY_S); the rows deleted."""
+        result: list[int] = []
+        done = threading.Event()
+        self.queue.put(("prune", (now, result, done)), timeout=timeout_s)
+        done.wait(timeout_s)
+        return result[0] if result else 0
 
     def describe(self) -> dict:
         try:
@@ -145,6 +162,25 @@ class Journal:
                 pass
 
     def _write(self, batch: list) -> None:
+        controls = [item for item in batch if item[0] in ("sync", "prune")]
+        if controls:
+            batch = [item for item in batch if item[0] not in ("sync", "prune")]
+        if batch:
+            self._write_rows(batch)
+        for kind, item in controls:
+            if kind == "prune":
+                now, result, done = item
+                try:
+                    if self._connection() is not None:
+                        result.append(self.prune(now))
+                except sqlite3.Error as exc:
+                    self.error = f"pruning {self.path} failed: {exc}"
+                    self._drop_connection()
+                done.set()
+            else:
+                item[0].set()
+
+    def _write_rows(self, batch: list) -> None:
         conn = self._connection()
         if conn is None:
             self.lost += len(batch)
@@ -228,7 +264,7 @@ class Journal:
             self._drop_connection()
 
     def prune(self, now: float | None = None) -> int:
-        """Delete rows older than max_age_s, then the oldest rows while the file's used pages
+        """(The writer's thread only.) Delete rows older than max_age_s, then the oldest rows while the file's used pages
         exceed max_bytes. Returns the rows deleted; each prune is a row in `prunes`."""
         now = time.time() if now is None else now
         conn = self._conn
