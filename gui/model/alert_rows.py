@@ -13,7 +13,7 @@ The app invents no alert; the one row it adds is a marker that the engine restar
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 MARKER_KIND = "engine_restarted"
 
@@ -112,11 +112,11 @@ def restart_marker(number: int, at: float, previous_started: float | None, start
                     detail, marker=True)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RestartMark:
-    """An engine restart as the window saw it: monotonic time (the plots' clock) and wall time."""
+    """An engine restart: when the new run began on this window's monotonic clock (the plots'),
+    when the window saw it (wall time), and the engine's own start time."""
 
     monotonic: float
     wall: float
     started: float | None = None
-    notes: list[str] = field(default_factory=list)

@@ -195,7 +195,9 @@ class EngineState:
         if engine.get("started") is not None or run is not None:
             before = self.engine_epoch
             if before is not None and _another_run(before, epoch):
-                self._restarted(now, before[1], engine.get("started"))
+                uptime = _number(engine.get("uptime_s"), None)
+                began = now - uptime if uptime is not None and uptime >= 0 else now  # on this window's clock
+                self._restarted(began, before[1], engine.get("started"))
                 self.engine_epoch = epoch
             else:  # the same run: keep what an earlier reply said and this one leaves out
                 self.engine_epoch = tuple(b if b is not None else a for a, b in zip(before or (None,) * 3, epoch))
@@ -210,7 +212,7 @@ class EngineState:
         self.events.mark(*changed)
         return changed
 
-    def _restarted(self, now: float, previous_started: float | None, started: float | None) -> None:
+    def _restarted(self, began: float, previous_started: float | None, started: float | None) -> None:
         """The engine answering now is another run: the alerts so far are the previous
         engine's, a marker row says when, and the plots get a mark (the crossings the operator
         has not acknowledged stay: see CrossingWatch)."""
@@ -219,8 +221,21 @@ class EngineState:
         wall = time.time()
         marker = restart_marker(self.run_number, wall, previous_started, started)
         self.alerts[marker.id] = marker
-        self.restarts.append(RestartMark(now, wall, started))
+        self.restarts.append(RestartMark(began, wall, started))
         self.events.mark("alerts", "metrics")
+
+    def _retire_alerts(self) -> None:
+        """Another engine answers now: the alerts so far stay, marked as the previous
+        engine's, under ids of their own (the new engine's ids may be the same strings)."""
+        retired = OrderedDict()
+        for aid, row in self.alerts.items():
+            if not row.previous_engine and not row.marker:
+                aid = f"previous:{aid}"
+                row = replace(row, id=aid, previous_engine=True)
+            retired[aid] = row
+        self.alerts = retired
+        self.new_alerts = []
+        self.events.mark("alerts")
 
     def workers_with_live_usage(self) -> list[WorkerRow]:
         """The workers, each pool's used pages counted from the page map's own mirror where
