@@ -82,7 +82,7 @@ def what_happened(state: dict, manifest: dict) -> str:
     if o.kind == facts.NOT_PREVENTED:
         return section("What happened: NOT prevented", _not_prevented(o), "outcome-bad runbook", "what-happened")
     if o.kind == facts.PREVENTED:
-        return section("What happened: prevented", _prevented(o), "outcome-ok runbook", "what-happened")
+        return section("What happened: prevented", _prevented(o, state), "outcome-ok runbook", "what-happened")
     return section("What happened: no isolation failure", _nothing(o), "outcome-none runbook", "what-happened")
 
 
@@ -121,16 +121,26 @@ def _not_prevented(o: facts.Outcome) -> str:
             f"<h3>What to do next</h3><ol>{''.join(steps)}</ol>")
 
 
-def _prevented(o: facts.Outcome) -> str:
-    named = {r for e in o.isolation for r in e.requests.listed}
+def _prevented(o: facts.Outcome, state: dict) -> str:
+    named = list(dict.fromkeys(str(r) for e in o.isolation for r in e.requests.listed))
+    ended = {str(r.get("request_id")): facts.phase(r) for r in state.get("requests") or []}
+    aborted = [r for r in named if ended.get(r) in facts.STOPPED_PHASES]
+    others = [r for r in named if r not in aborted]
     head = "Every isolation violation was stopped before another request's data reached a response."
     body = (f"<p>{len(o.isolation):,} isolation alert episode(s) fired ({_episode_names(o.isolation)}); no "
             f"cross read reached a response in this window.</p>")
     if o.stopped_later:
         body += (f"<p>{_episode_names(o.stopped_later)}: its own defence did not stop it, but every request it "
                  "names failed before an answer went out (a later defence stopped them).</p>")
-    steps = [f"<li>The {len(named):,} request(s) the alerts name were masked and failed before another "
-             f"request's data reached their clients (they got an error): nobody needs notifying.</li>"]
+    step = "<li>No request the alerts name received another request's data."
+    if aborted:
+        step = (f"<li>{len(aborted):,} request(s) met data not their own and were masked and failed before it "
+                f"went out ({id_list(aborted, NAMES_SHOWN)}): their clients got an error, not another request's "
+                "data.")
+    if others and aborted:
+        step += (f" The other {len(others):,} request(s) the alerts name ended normally: an ownership alert names "
+                 "the writers of the pages met beside the reader, and their data did not leave.")
+    steps = [step + " Nobody needs notifying.</li>"]
     turn = _turn_back(o)
     if turn:
         steps.append(f"<li>Something still tried to cross, and a weakened configuration is the first suspect: "

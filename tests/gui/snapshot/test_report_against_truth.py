@@ -165,7 +165,10 @@ def test_the_runbook_follows_what_happened(incident):
     prevented, leaked = incident["waves"]
     s = section(_report(prevented), "What happened")
     assert s.title == "What happened: prevented"  # the ground truth of wave 1 holds no read
-    assert "nobody needs notifying" in s.text and "Manifest check" in s.text and "Writer-tag check" not in s.text
+    assert "Nobody needs notifying" in s.text and "Manifest check" in s.text and "Writer-tag check" not in s.text
+    aborted = prevented["over_long"]  # the placeholders met other requests' pages; the writer-tag check aborted them
+    assert f"{len(aborted)} request(s) met data not their own and were masked and failed" in s.text
+    assert all(rid in s.text for rid in aborted)
     s = section(_report(leaked), "What happened")
     readers = sorted({r["reader"] for r in leaked["truth"]})
     assert s.title == "What happened: NOT prevented"
@@ -178,7 +181,7 @@ def test_the_runbook_follows_what_happened(incident):
         assert f"tenant {tenants[reader]} received tenant {tenants[source]}'s data" in s.text
     assert "Defences off: Manifest check" in s.text and "Writer-tag check (I1)" in s.text
     assert "placeholder on reject" in s.text
-    assert "were aborted" not in s.text and "nobody needs notifying" not in s.text
+    assert "were aborted" not in s.text and "Nobody needs notifying" not in s.text
 
 
 def test_every_alert_episode_is_in_the_report(incident):

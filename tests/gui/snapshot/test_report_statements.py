@@ -226,7 +226,7 @@ def test_prevented_says_nobody_needs_notifying():
     assert outcome(state, manifest()).kind == PREVENTED
     s = section(render_report(manifest({"manifest_check": False}), state, {}), "What happened")
     assert s.title == "What happened: prevented"
-    assert "nobody needs notifying" in s.text and "turn manifest_check back on" in s.text
+    assert "Nobody needs notifying" in s.text and "turn manifest_check back on" in s.text
     assert "leaked" not in s.text
 
 
