@@ -37,6 +37,11 @@ METRICS = {
     "alert_forward_failures": ("counter", "POSTs to the Alertmanager webhook that failed (each retry counts)"),
     "alerts_forward_dropped": ("counter", "alerts never delivered to the webhook: past the bound, or refused (4xx)"),
     "alert_forward_queue": ("gauge", "alerts waiting for their first delivery to the Alertmanager webhook"),
+    "journal_records": ("counter", "evidence records written to the journal"),
+    "journal_dropped": ("counter", "evidence records never written: the journal's queue was full"),
+    "journal_lost": ("counter", "evidence records whose write failed (disk full, read-only file)"),
+    "journal_ok": ("gauge", "1 while the evidence journal is open and its last write succeeded"),
+    "journal_bytes": ("gauge", "size of the evidence journal on disk (file and WAL)"),
 }
 PREFIX = "pagewarden_"
 
@@ -109,6 +114,8 @@ class _StatusCollector:
         alerts = _family("alerts", ["kind", "severity", "state"])
         by_alert: dict[tuple[str, str, str], int] = {}
         for a in s.get("alerts") or []:
+            if a.get("previous_run"):
+                continue  # an earlier run's record: evidence, not this engine's state
             key = (str(a.get("kind")), str(a.get("severity")), str(a.get("state")))
             by_alert[key] = by_alert.get(key, 0) + 1
         for key, n in sorted(by_alert.items()):
@@ -135,6 +142,15 @@ class _StatusCollector:
             family = _family(name)
             family.add_metric([], float(forwarding.get(key) or 0))
             yield family
+        evidence = s.get("evidence") or {}
+        for name, key in (("journal_records", "written"), ("journal_dropped", "dropped"), ("journal_lost", "lost"),
+                          ("journal_bytes", "bytes")):
+            family = _family(name)
+            family.add_metric([], float(evidence.get(key) or 0))
+            yield family
+        ok = _family("journal_ok")
+        ok.add_metric([], 1.0 if evidence.get("journal") and not evidence.get("error") else 0.0)
+        yield ok
 
 
 def _le(bound) -> str:
