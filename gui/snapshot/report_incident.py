@@ -215,7 +215,10 @@ def rejected(state: dict) -> str:
 
 def pairs(state: dict) -> str:
     scope = state.get("scope") or {}
-    full = facts.affected_pairs(state)
+    # each response's sources together, in the order they were first read
+    full = sorted(facts.affected_pairs(state), key=lambda p: (
+        p.get("reader_slot") if isinstance(p.get("reader_slot"), int) else 0,
+        p["first"] if facts.is_number(p.get("first")) else 0.0))
     groups = facts.tenant_groups(state)
     crossed = facts.outcome(state).reached
     if crossed:  # never "nothing crossed" beside an alert that says it did
@@ -271,12 +274,15 @@ def _named_cell(named: facts.Named, text_of, shown: int, unit: str) -> Html:
 
 def alerts(state: dict) -> str:
     episodes = facts.episodes(state.get("alerts") or [])
+    later = {e.key for e in facts.outcome(state).stopped_later}
     rows = []
     for e in episodes:
         a = e.record
         episode = Html(f'<span class="nw">{e.number} of {e.of}</span>'
                        + (f" {badge('previous run', 'previous')}" if e.previous_run else ""))
         prevented = {True: badge("yes", "prevented"), False: badge("no", "leaked")}.get(e.prevented, "")
+        if e.key in later:  # its own defence was off; a later one stopped every request it names
+            prevented = Html(f"{badge('no', 'leaked')} {badge('stopped later', 'prevented')}")
         requests = _named_cell(e.requests, lambda ids: ", ".join(str(code(i)) for i in ids), CELL_NAMES, "requests")
         pages = _named_cell(e.pages, lambda ps: esc(facts.plain_ranges(ps, len(ps)).text), facts.ENGINE_LIST_CAP,
                             "pages")

@@ -169,6 +169,12 @@ def test_the_runbook_follows_what_happened(incident):
     aborted = prevented["over_long"]  # the placeholders met other requests' pages; the writer-tag check aborted them
     assert f"{len(aborted)} request(s) met data not their own and were masked and failed" in s.text
     assert all(rid in s.text for rid in aborted)
+    for row in section(_report(prevented), "Alerts").table("").records():  # wave 1's alerts
+        kind = row["Alert and its detail"].split()[0]
+        if kind == "transfer_mismatch":  # accepted (manifest check off); the writer-tag check aborted them
+            assert row["Prevented"] == "no stopped later", row
+        elif kind == "ownership_violation":
+            assert row["Prevented"] == "yes", row
     s = section(_report(leaked), "What happened")
     readers = sorted({r["reader"] for r in leaked["truth"]})
     assert s.title == "What happened: NOT prevented"

@@ -222,12 +222,21 @@ def test_prevented_says_nobody_needs_notifying():
     state = incident_state()
     state["scope"]["pairs"] = []
     state["alerts"] = state["alerts"][:1]  # only the prevented episode
-    state["requests"] = state["requests"][:2]
+    state["requests"] = [r for r in state["requests"] if r["request_id"] in ("r1", "r2", "r4")]
     assert outcome(state, manifest()).kind == PREVENTED
     s = section(render_report(manifest({"manifest_check": False}), state, {}), "What happened")
     assert s.title == "What happened: prevented"
     assert "Nobody needs notifying" in s.text and "turn manifest_check back on" in s.text
     assert "leaked" not in s.text
+    # a transfer accepted despite its manifest (its defence off), its request then aborted
+    state["alerts"].append(alert("transfer_mismatch", "decode-0", episode=1, prevented=False, requests=["r4"]))
+    html = render_report(manifest({"manifest_check": False}), state, {})
+    assert section(html, "What happened").title == "What happened: prevented"
+    assert "every request it names failed before an answer went out" in section(html, "What happened").text
+    assert section(html, "Alerts").table("").column("Prevented") == ["yes", "no stopped later"]
+    state["requests"].append(request("r6", "acme", "finished"))
+    state["alerts"][-1]["requests"].append("r6")  # one it names answered: not shown prevented
+    assert section(render_report(manifest(), state, {}), "What happened").title == "What happened: NOT prevented"
 
 
 def test_an_alert_that_does_not_say_it_was_prevented_is_not_taken_as_prevented():
