@@ -106,14 +106,15 @@ def _page_maps(manifest: dict, state: dict, images: dict[str, bytes]) -> str:
     is missing, why, so that the export-time map is never taken for the leak."""
     if not images:
         return ""
-    crossing = {m.get("pool"): m for m in (state.get("first_crossing") or {}).get("maps") or []
-                if isinstance(m, dict)}
+    kept = state.get("first_crossing") if isinstance(state.get("first_crossing"), dict) else {}
+    maps = kept.get("maps") if isinstance(kept.get("maps"), list) else []
+    crossing = {m.get("pool"): m for m in maps if isinstance(m, dict)}
     at_export = {n[len("pagemap-"):-len(".png")]: n for n in images
                  if n.startswith("pagemap-") and not n.startswith(first_crossing.PNG_PREFIX)}
     pools = sorted(set(at_export) | {n[len(first_crossing.PNG_PREFIX):-len(".png")] for n in images
                                      if n.startswith(first_crossing.PNG_PREFIX)})
     crossed = outcome(state).kind == NOT_PREVENTED
-    why = (state.get("first_crossing") or {}).get("missing") if "first_crossing" in state else (
+    why = kept.get("missing") or "its state.json does not say why" if "first_crossing" in state else (
         "this bundle was exported before snapshots kept the page maps at the first crossing")
     if not crossing and not crossed:
         intro = "<p>No data crossed in this window: there is no first crossing to show; the maps are at export time.</p>"

@@ -231,7 +231,9 @@ def pairs(state: dict) -> str:
         note = (f'<p class="warn">Incomplete: {scope.get("dropped_reads", 0):,} reads up to '
                 f"{esc(time_cell(scope['incomplete_before']))} were dropped for room; pairs before then may be "
                 f"missing.</p>")
-    group_rows = [[g.sentence, len(g.pairs), g.reads, g.pages, time_cell(g.first), time_cell(g.last)] for g in groups]
+    group_rows = [[g.sentence, len(g.pairs), g.reads,
+                   sum(r.pages for r in facts.pool_ranges((page for p in g.pairs for page in p.get("pages") or []), 0)),
+                   time_cell(g.first), time_cell(g.last)] for g in groups]
     rows = [[code(p.get("reader")), p.get("reader_tenant") or Html('<span class="muted">unknown</span>'),
              code(p.get("source") if p.get("source") is not None else f"unknown (slot {p.get('source_slot')})"),
              p.get("source_tenant") or Html('<span class="muted">unknown</span>'),
