@@ -411,7 +411,8 @@ def run_vllm(model_dir: Path, prompts, args, pin) -> dict:
     return got
 
 
-def run_ours(model_dir: Path, prompts, args, work: Path) -> dict:
+def run_ours(model_dir: Path, prompts, args, work: Path, sections: dict | None = None) -> dict:
+    """sections: more config sections for our server (bench/journal_cost.py turns the journal off)."""
     from engine.client import EngineClient
     from engine.client.local_server import LocalServer, write_config
 
@@ -420,7 +421,7 @@ def run_ours(model_dir: Path, prompts, args, work: Path) -> dict:
     config = write_config(work / "ours.toml", model={"path": str(model_dir)},
                           engine={"max_batch": max(64, top), "max_prefill_tokens": max(4096, top * args.prompt)},
                           canaries={"enabled": False}, workers={"threads": args.ours_threads},
-                          pools={"prefill": {"pages": pages}, "decode": {"pages": pages}})
+                          pools={"prefill": {"pages": pages}, "decode": {"pages": pages}}, **(sections or {}))
     t0 = time.perf_counter()
     server = LocalServer(config, "--http-port", "0")
     try:
