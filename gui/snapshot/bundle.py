@@ -102,10 +102,11 @@ def render_files(snap: Snapshot, progress=None) -> dict[str, bytes]:
     step(0.1, "page metadata")
     files["pages.npz"] = pages_npz(snap.pages)
     pools = {p["name"]: p for p in snap.state.get("pools", [])}
+    exported = f"at export time, {snap.manifest.get('created_utc') or '?'}"
     for i, (name, arrays) in enumerate(snap.pages.items()):
         step(0.2 + 0.5 * i / max(1, len(snap.pages)), f"page map of {name}")
         files[f"pagemap-{name}.png"] = render_pagemap_png(pools.get(name, {"name": name}), arrays,
-                                                         snap.state.get("requests", []), when=f"at export time, {snap.manifest.get('created_utc') or '?'}")
+                                                         snap.state.get("requests", []), when=exported)
     if snap.first_crossing:
         step(0.7, "page maps at the first crossing")
         files[first_crossing.NPZ] = first_crossing.to_npz(snap.first_crossing)

@@ -285,7 +285,8 @@ def outcome(state: dict, manifest: dict | None = None) -> Outcome:
     were masked or aborted, or names only requests a later defence stopped; else
     NOTHING_CROSSED. On doubt, never the milder one."""
     pairs = affected_pairs(state)
-    readers = tuple(dict.fromkeys(str(p["reader"]) for p in pairs if p.get("reader") is not None))
+    by_time = sorted(pairs, key=lambda p: p["first"] if is_number(p.get("first")) else float("inf"))
+    readers = tuple(dict.fromkeys(str(p["reader"]) for p in by_time if p.get("reader") is not None))  # first hit first
     isolation = tuple(e for e in episodes(state.get("alerts") or []) if e.record.get("kind") in ISOLATION_KINDS)
     ended = {str(r.get("request_id")): phase(r) for r in _all_requests(state)}
 

@@ -117,7 +117,8 @@ def _page_maps(manifest: dict, state: dict, images: dict[str, bytes]) -> str:
     why = kept.get("missing") or "its state.json does not say why" if "first_crossing" in state else (
         "this bundle was exported before snapshots kept the page maps at the first crossing")
     if not crossing and not crossed:
-        intro = "<p>No data crossed in this window: there is no first crossing to show; the maps are at export time.</p>"
+        intro = ("<p>No data crossed in this window: there is no first crossing to show; the maps are at export "
+                 "time.</p>")
     elif not crossing:
         intro = (f'<p class="warn">The page maps at the first crossing are not available: {esc(why)}. The maps '
                  f"below are the pools at export time ({esc(manifest.get('created_utc') or '?')}), after the "

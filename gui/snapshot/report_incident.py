@@ -60,6 +60,8 @@ def _turn_back(o: facts.Outcome) -> str:
         parts.append("turn " + ", ".join(s.name for s in o.defences_off) + " back on")
     if o.faults_on:
         parts.append("turn " + ", ".join(s.name for s in o.faults_on) + " off")
+    if o.ownership_policy and o.ownership_policy != "abort":
+        parts.append('set engine.ownership_policy = "abort"')
     return " and ".join(parts)
 
 

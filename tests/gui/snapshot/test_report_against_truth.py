@@ -158,7 +158,8 @@ def test_pages_are_the_ground_truths_pages_as_ranges(incident):
     rows = section(_report(wave), "Affected pairs").table("By request").records()
     for row in rows:
         pools = truth[(row["Reader"], row["Source"])]
-        assert row["Pages"] == "; ".join(f"{pool}: {_ranges(_runs(pages))}" for pool, pages in sorted(pools.items())), row
+        expected = "; ".join(f"{pool}: {_ranges(_runs(pages))}" for pool, pages in sorted(pools.items()))
+        assert row["Pages"] == expected, row
 
 
 def test_the_runbook_follows_what_happened(incident):
