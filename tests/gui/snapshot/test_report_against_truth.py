@@ -53,8 +53,9 @@ def incident(tmp_path_factory):
     """Both waves on one engine; the bundles, the ground truth and the scenario's truth."""
     root = tmp_path_factory.mktemp("incident")
     scenario = SCENARIOS["incident-placeholder"]
-    config = write_config(root / "incident.toml", EngineConfig().replace(canaries={"enabled": False}),
-                          **config_sections(scenario))
+    sections = config_sections(scenario)
+    sections["canaries"] = {"enabled": False}  # every request in the truth is then one the scenario sent
+    config = write_config(root / "incident.toml", EngineConfig(), **sections)
     server = LocalServer(config, "--allow-faults")
     try:
         client = server.client(timeout_s=300)
