@@ -35,7 +35,7 @@ class AlertRow:
     detail: str
     pool: str | None = None
     previous_engine: bool = False  # raised by an engine that has since gone (restarted or replaced)
-    engine_id: str = ""  # what the engine calls it: the key to acknowledge it by ("" = id)
+    alert_id: str = ""  # the engine's `id`, which every episode of the alert shares ("" = id)
     episode: int | None = None
     previous_run: bool = False  # read back by the engine from an earlier run's journal
     requests_total: int | None = None  # requests the episode named in all (None: the list is all)
@@ -44,7 +44,8 @@ class AlertRow:
 
     @property
     def ack_id(self) -> str:
-        return self.engine_id or self.id
+        """What the engine acknowledges: the episode's key (its `id` where it has none)."""
+        return self.id
 
     @property
     def gone(self) -> bool:
@@ -94,7 +95,7 @@ def alert_row(msg) -> AlertRow:
         bool(msg.get("acked", False)), _number(msg.get("first_seen"), t), _number(msg.get("last_seen"), t),
         int(msg.get("count", 1)), [str(r) for r in msg.get("requests") or []],
         [int(p) for p in msg.get("pages") or []], str(msg.get("detail", "")), msg.get("pool"),
-        engine_id=key, episode=episode if isinstance(episode, int) and not isinstance(episode, bool) else None,
+        alert_id=engine_id, episode=episode if isinstance(episode, int) and not isinstance(episode, bool) else None,
         previous_run=bool(msg.get("previous_run", False)),
         requests_total=_count(msg.get("requests_total")), pages_total=_count(msg.get("pages_total")),
     )

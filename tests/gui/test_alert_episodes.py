@@ -41,6 +41,7 @@ def test_every_episode_is_a_row_and_the_previous_runs_are_marked(qtbot):
     assert state.alerts["worker_crashed:decode-0#1"].requests == ["r1"]  # never overwritten by episode 2
     assert state.alerts["worker_crashed:decode-0#2"].count == 3
     assert state.alerts["worker_crashed:decode-0#2"].ack_id == "worker_crashed:decode-0#2"
+    assert {a.alert_id for a in state.alerts.values()} == {"worker_crashed:decode-0"}
     state.apply(alert(id="canary_leak:x", kind="canary_leak", key="canary_leak:x#1", episode=1, previous_run=True))
     old = state.alerts["canary_leak:x#1"]
     assert old.previous_run and old.gone and not old.live_firing

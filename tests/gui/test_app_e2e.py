@@ -91,15 +91,16 @@ def test_engine_alerts_reach_the_table_and_acknowledge(start_server, open_window
     window = open_window(server.control)
     with pytest.raises(RemoteError):
         client.generate([1, 2], max_new_tokens=5000)
-    aid = "admission_rejected:context_window"
-    qtbot.waitUntil(lambda: aid in window.state.alerts, timeout=10_000)
+    qtbot.waitUntil(lambda: any(a.alert_id == "admission_rejected:context_window" for a in window.state.alerts.values()),
+                    timeout=10_000)
+    aid = next(k for k, a in window.state.alerts.items() if a.alert_id == "admission_rejected:context_window")
     window.refresh()
     model = window.alerts_table.model
     rows = [model.index(r, c).data() for r in range(model.rowCount()) for c in range(model.columnCount())]
     assert "admission_rejected" in rows
     window.acknowledge_alerts([aid])
     qtbot.waitUntil(lambda: window.state.alerts[aid].acked, timeout=10_000)
-    assert next(a for a in client.status()["alerts"] if a["id"] == aid)["acked"] is True
+    assert next(a for a in client.status()["alerts"] if (a.get("key") or a["id"]) == aid)["acked"] is True
 
 
 def test_capacity_banner_until_a_reconfigure_fixes_it(start_server, open_window, qtbot):

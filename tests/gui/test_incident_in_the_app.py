@@ -51,7 +51,7 @@ def test_incident_placeholder_in_the_app(qtbot, tmp_path):
         from gui.model.page_colors import QUARANTINED_PAGE
 
         assert index == QUARANTINED_PAGE  # the alarm colour in the map
-        assert "ownership_violation:decode-0" in window.state.alerts
+        assert any(a.alert_id == "ownership_violation:decode-0" for a in window.state.alerts.values())
         # issue 15, item 3: every defence that is off and every fault that is on, named
         qtbot.waitUntil(lambda: "Manifest check" in " ".join(window.faults_banner.shown_lines()), timeout=20_000)
         weakened = " ".join(window.faults_banner.shown_lines())
