@@ -69,13 +69,15 @@ class JournalSource:
         since, until = kw.get("since"), kw.get("until")
         if op == "history":
             history = self.reader.history(since, until, self.run_ids)
-            return {**history, "since": since, "until": until or self.until, "next": None, "telemetry": []}
+            return {**history, "since": since, "until": until or self.until, "next": None, "telemetry": [],
+                    "keyframes": self.keyframes(since, until)}
         if op == "scope":
             pairs = self.reader.scope(since, until, self.run_ids)
             return {"pairs": pairs, "reads": sum(p["reads"] for p in pairs), "since": since, "until": until,
                     "incomplete_before": None, "dropped_reads": 0}
         if op == "prompt_log":
-            return {"entries": self.reader.prompt_log(since, self.run_ids)}
+            entries = self.reader.prompt_log(since, self.run_ids)
+            return {"entries": entries, "total": len(entries), "left_out": 0}
         raise JournalError(f"the journal cannot answer {op!r}")
 
     def page_metadata(self, pool: str) -> dict:

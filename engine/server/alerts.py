@@ -123,6 +123,12 @@ class AlertBook:
         if record.get("state") != state:
             _transition(record, state, now)
         self.alerts.move_to_end(aid)
+        if "prevented" in fields:  # one event that got through makes the episode "not prevented" for good
+            prevented = bool(fields.pop("prevented"))
+            record["prevented"] = record.get("prevented", True) and prevented
+            counts = dict(record.get("prevented_counts") or {"prevented": 0, "not_prevented": 0})
+            counts["prevented" if prevented else "not_prevented"] += 1
+            record["prevented_counts"] = counts  # a new dict: the journal's writer may be reading the old one
         record.update(fields)
         record.update(state=state, severity=severity, detail=detail, last_seen=now)
         record["count"] += state == "firing"

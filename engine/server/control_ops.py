@@ -293,6 +293,12 @@ class ControlOps:
         their tenants where the requests are still known."""
         since = field_of(msg, "since", "float", default=None)
         until = field_of(msg, "until", "float", default=None)
+        run = field_of(msg, "run", "str", default=None, max_len=64)
+        if run is not None and run != self.sup.evidence.run:  # an earlier run (or "all"): the journal knows
+            pairs = self.sup.evidence.scope(since, until, run)
+            self._reply(identity, msg, {"pairs": pairs, "reads": sum(p["reads"] for p in pairs), "since": since,
+                                        "until": until, "incomplete_before": None, "dropped_reads": 0, "run": run})
+            return
         pairs = [self._with_tenants(p) for p in self.sup.reads.scope(since, until)]
         reads = self.sup.reads
         self._reply(identity, msg, {"pairs": pairs, "reads": reads.total, "since": since, "until": until,
@@ -302,7 +308,10 @@ class ControlOps:
     def op_prompt_log(self, identity: bytes, msg: Message) -> None:
         since = field_of(msg, "since", "float", default=0.0)
         entries = [e for e in self.sup.prompt_log if e["time"] >= since]
-        self._reply(identity, msg, {"entries": entries[-10_000:]})
+        kept = self.sup.prompt_log.maxlen
+        self._reply(identity, msg, {"entries": entries[-10_000:], "total": len(entries),
+                                    "left_out": max(0, len(entries) - 10_000),
+                                    "memory_limit": kept, "journal": self.sup.evidence.journal is not None})
 
     def op_history(self, identity: bytes, msg: Message) -> None:
         """What an incident snapshot needs of a time window (wall-clock seconds): the
@@ -321,7 +330,7 @@ class ControlOps:
             if rec is not None:
                 item = {**rec.describe(), "events": events}
                 requests.append(item)
-            elif events[0]["event"] in ("rejected", "admitted"):
+            elif events[0]["event"] in ("rejected", "admitted", "placeholder"):
                 phase = "rejected" if events[0]["event"] == "rejected" else "forgotten"
                 item = {"request_id": subject, "phase": phase, "events": events, "arrival": events[0]["time"]}
                 requests.append(item)

@@ -146,6 +146,28 @@ class EvidenceFeed:
                       f"records were dropped unwritten (the writer fell behind)", subject="dropped",
                       dropped=journal.dropped)
 
+    @property
+    def run(self) -> str | None:
+        return self.journal.run if self.journal is not None else None
+
+    def scope(self, since: float | None, until: float | None, run: str) -> list[dict]:
+        """Affected pairs of an earlier run (or of every run: "all") from the journal. Raises
+        InvalidRequest when there is no journal or no such run."""
+        from engine.errors import InvalidRequest
+        from engine.evidence.journal_read import JournalError, JournalReader
+
+        if self.journal is None:
+            raise InvalidRequest(f"no evidence journal: the scope of run {run!r} is not kept ([audit] journal)")
+        known = [r["run"] for r in self.journal.previous_runs] + [self.journal.run]
+        if run != "all" and run not in known:
+            raise InvalidRequest(f"run {run!r} is not in the journal; runs: {', '.join(known[-20:])}")
+        # (no wait for the writer: for "all", this run's last half second may not be in yet)
+        try:
+            with JournalReader(self.journal.path) as reader:
+                return reader.scope(since, until, None if run == "all" else [run])
+        except JournalError as exc:
+            raise InvalidRequest(str(exc)) from None
+
     def keyframes(self, since: float | None) -> list[dict]:
         """This run's page-map keyframes since `since`, arrays as lists (for `history`)."""
         if self.journal is None:

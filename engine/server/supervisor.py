@@ -407,7 +407,7 @@ class Supervisor:
                 self.alert("canary_marker_in_output", "critical",
                            f"the output of request {rec.request_id} carries the marker of canary "
                            f"{canary.request_id}", subject=rec.request_id, requests=[canary.request_id, rec.request_id],
-                           source=canary.request_id, reader=rec.request_id)
+                           source=canary.request_id, reader=rec.request_id, prevented=False)  # the reply went out
         if rec.client is not None:
             self.to_client(rec.client, pack({
                 "op": "done", "id": rec.msg_id, "request_id": rec.request_id, "token_ids": rec.output_ids,

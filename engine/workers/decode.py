@@ -166,7 +166,7 @@ class DecodeWorker(WorkerLoop):
             self.send({"op": "transfer_done", "request_id": rid, "ok": False, "error": error.to_wire()})
         elif event.kind == "late":
             self.alert("late_write_dropped", "warning", event.detail,
-                       requests=[rid] if rid else [], pages=event.pages)
+                       requests=[rid] if rid else [], pages=event.pages, prevented=True)
         else:
             self.bad_messages += 1
 

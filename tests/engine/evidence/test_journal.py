@@ -144,3 +144,12 @@ def test_a_file_that_is_not_a_journal_is_named(tmp_path):
         JournalReader(bad)
     with pytest.raises(JournalError, match="no evidence journal"):
         JournalReader(tmp_path / "missing.sqlite")
+
+
+def test_an_episode_with_one_leak_stays_not_prevented():
+    book = AlertBook(lambda r: None)
+    book.fire("ownership_violation", "critical", "leaked", subject="decode-0", prevented=False)
+    book.fire("ownership_violation", "critical", "masked", subject="decode-0", prevented=True)
+    (record,) = book.records()
+    assert record["prevented"] is False
+    assert record["prevented_counts"] == {"prevented": 1, "not_prevented": 1}

@@ -149,3 +149,26 @@ def test_a_damaged_journal_is_moved_aside_and_what_can_be_read_is_kept(tmp_path,
     assert Path(recovered["moved_to"]).exists()  # the damaged file is kept, never deleted
     with JournalReader(journal) as reader:
         assert len(reader.runs()) == 2  # the salvaged run and the new one
+
+
+def test_scope_of_an_earlier_run_comes_from_the_journal(tmp_path, started):
+    from tests.engine.evidence.incident_run import wait_ends
+
+    journal = tmp_path / "evidence.sqlite"
+    config = incident_config(tmp_path, journal)
+    server = started(config)
+    client = server.client(timeout_s=120)
+    wait_ends(client, submit_wave(client, seed=3))
+    time.sleep(1.0)
+    live = client.call("scope")["pairs"]
+    first_run = client.status()["engine"]["run"]
+    server.stop()
+    server = started(config)
+    client = server.client()
+    assert client.call("scope")["pairs"] == []  # this run: nothing crossed yet
+    earlier = client.call("scope", run=first_run)["pairs"]
+    assert live and {pair_key(p): p["reads"] for p in earlier} == {pair_key(p): p["reads"] for p in live}
+    from engine.client import RemoteError
+
+    with pytest.raises(RemoteError, match="not in the journal"):
+        client.call("scope", run="no-such-run")

@@ -87,9 +87,13 @@ def test_a_request_whose_stale_table_names_a_canary_page_raises_canary_leak(star
     # stale_block_table: the request's last page-table entry names the page the pool hands
     # out next, which the canary right behind it receives. The writer-tag check is on: the
     # request is aborted when it reaches that page, and the canary's page is what it met.
+    # The victim reaches that page 24 decode steps in (40 + 40 tokens: its 5th page starts at
+    # token 64), so the canary's prefill and transfer must land within those steps; with 20
+    # new tokens (8 steps) a loaded machine let the victim get there first and meet a page
+    # nobody had written yet (an ownership violation, rightly, but no canary in it).
     server = start_server("--allow-faults", faults={"stale_block_table": True})
     client = server.client()
-    stream = client.submit([256] + [65] * 39, max_new_tokens=20, ignore_eos=True, request_id="victim-of-bug",
+    stream = client.submit([256] + [65] * 39, max_new_tokens=40, ignore_eos=True, request_id="victim-of-bug",
                            stream=False)
     canary = client.call("canary")
     error = None
