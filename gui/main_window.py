@@ -58,7 +58,7 @@ from gui.widgets.toast import Toast
 from gui.widgets.workers_panel import WorkersPanel
 
 REFRESH_MS = 100  # 10 Hz at most
-MAP_MIN_WIDTH, MAP_MIN_HEIGHT = 500, 280  # px: two pools side by side stay readable at 1024x700
+MAP_MIN_WIDTH, MAP_MIN_HEIGHT = 560, 240  # px: two pools side by side stay readable at 1024x700
 KEYFRAME_RETRY_S = 1.0
 RECENT_KEY = "recent_engines"
 SHORTCUTS = {

@@ -19,6 +19,7 @@ from gui.widgets.elided_label import ElidedLabel
 
 MARGIN_V = 3  # px above and below the text
 LINE_GAP = 1  # px between expanded lines
+MAX_LINES = 6  # lines an expanded banner shows at most (all of them in its tooltip): the maps keep their room
 
 
 class Banner(QFrame):
@@ -95,6 +96,10 @@ class Banner(QFrame):
 
     def _layout_lines(self) -> None:
         first, rest = (self._display[0], self._display[1:]) if self._display else ("", [])
+        more = len(rest)
+        hidden = max(0, len(rest) - (MAX_LINES - 1))
+        if hidden:
+            rest = rest[:MAX_LINES - 2] + [f"… {hidden + 1} more line(s): hover the banner"]
         self.summary.setText(first)
         self.summary.setToolTip("\n".join(self._display))
         expanded = self.expanded and bool(rest)
@@ -105,9 +110,9 @@ class Banner(QFrame):
             self.lines.setToolTip("\n".join(rest))
             self.lines.setFixedHeight(len(rest) * self.line_height())
         self.lines.setVisible(expanded)
-        self.toggle.setText("" if not rest else "<small>▾</small>" if expanded else f"<small>▸ +{len(rest)}</small>")
+        self.toggle.setText("" if not rest else "<small>▾</small>" if expanded else f"<small>▸ +{more}</small>")
         self.setToolTip("" if not rest else "Click to show the first line only" if expanded
-                        else f"Click to show {len(rest)} more line{'s' if len(rest) != 1 else ''}")
+                        else f"Click to show {more} more line{'s' if more != 1 else ''}")
         shown_lines = 1 + (len(rest) if expanded else 0)
         self.setFixedHeight(2 * MARGIN_V + 4 + shown_lines * self.line_height() + (LINE_GAP if expanded else 0))
 

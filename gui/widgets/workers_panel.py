@@ -28,7 +28,7 @@ from gui.widgets.state_view import StateView
 
 COLUMNS = ("Worker", "Role", "State", "PID", "Device", "Restarts", "Age", "Pool usage")
 RESTARTS_COLUMN, AGE_COLUMN, USAGE_COLUMN = 5, 6, 7
-WIDTHS = (90, 64, 72, 64, 70, 56, 56, 150)  # preferred; the usage column stretches beyond its share
+WIDTHS = (84, 56, 64, 56, 56, 64, 48, 150)  # preferred; the usage column stretches beyond its share
 USAGE_MIN_WIDTH = 110  # "4,096/4,096" in a bar
 MIN_COLUMN_WIDTH = 20  # elided to a letter or two: the usage column must keep its room
 STARTABLE = ("stopped", "crashed")
@@ -63,16 +63,17 @@ def column_widths(available: int, widths: tuple[int, ...] = WIDTHS, keep: int = 
 
 
 def age_text(seconds: float | None) -> str:
-    """A process's age as "42 s", "12 min", "3.5 h" or "2.1 d"; "—" when not running."""
+    """A process's age, short enough for a narrow column: "42s", "12m", "3.5h", "2.1d"; "—" when
+    not running."""
     if seconds is None:
         return "—"
     if seconds < 120:
-        return f"{seconds:.0f} s"
+        return f"{seconds:.0f}s"
     if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
+        return f"{seconds / 60:.0f}m"
     if seconds < 172_800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86_400:.1f} d"
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86_400:.1f}d"
 
 
 def usage_text(worker: WorkerRow) -> str:
