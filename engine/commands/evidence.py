@@ -65,6 +65,9 @@ def cmd_evidence(args) -> int:
             result = summarize(source, since)
     except JournalError as exc:
         return fail(args, exc, EXIT_USAGE)
+    except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:  # rows of the wrong shape
+        return fail(args, JournalError(f"{args.journal} holds rows this version cannot read "
+                                       f"({type(exc).__name__}: {exc})"), EXIT_USAGE)
     if args.json:
         print(json.dumps(result))
         return EXIT_FINDING if result["pairs"] else EXIT_OK

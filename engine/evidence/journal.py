@@ -28,14 +28,55 @@ QUEUE_ITEMS = 200_000  # items waiting to be written; past it new items are drop
 BATCH_ITEMS = 5_000  # items written in one transaction at most
 PRUNE_EVERY_S = 60.0
 RETRY_S = 5.0  # after a failed write, the writer reopens the file this long later
-MAX_FIELD_CHARS = 64 << 10  # one JSON field of an event, at most (an alert's log tail is cut here)
+MAX_FIELD_CHARS = 64 << 10  # one record's JSON, at most: longer strings and lists inside it are cut
+MAX_STRING = 8 << 10  # a string inside a record past which it is cut (an alert's log tail)
+MAX_ITEMS = 1_000  # a list inside a record past which it is cut
+MAX_DEPTH = 32  # nesting kept (deeper values are written as their repr, cut)
+
+
+def _plain(value, depth: int = 0, cut: bool = False):
+    """value as JSON-ready data: keys made strings, unknown types their str(); with `cut`, long
+    strings and lists shortened in place of the whole, each cut saying how much it left out."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            name = key if isinstance(key, str) else (key.decode(errors="replace") if isinstance(key, bytes) else str(key))
+            if cut and isinstance(item, str) and len(item) > MAX_STRING:
+                out[name], out[f"{name}_cut_chars"] = item[-MAX_STRING:], len(item)  # the tail: a log's end matters
+            elif cut and isinstance(item, (list, tuple)) and len(item) > MAX_ITEMS:
+                out[name], out[f"{name}_total"] = [_plain(v, depth + 1, cut) for v in item[:MAX_ITEMS]], len(item)
+            else:
+                out[name] = _plain(item, depth + 1, cut) if depth < MAX_DEPTH else repr(item)[:MAX_STRING]
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, depth + 1, cut) for v in value] if depth < MAX_DEPTH else repr(value)[:MAX_STRING]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value)
 
 
 def _json(value) -> str:
-    text = json.dumps(value, default=str, separators=(",", ":"))
+    """One record as JSON: whole when it fits MAX_FIELD_CHARS, else with its long strings and
+    lists cut (each says how much); only what still does not fit is replaced by a marker."""
+    text = json.dumps(_plain(value), separators=(",", ":"))
+    if len(text) > MAX_FIELD_CHARS:
+        text = json.dumps(_plain(value, cut=True), separators=(",", ":"))
     if len(text) > MAX_FIELD_CHARS:
         text = json.dumps({"cut": True, "chars": len(text), "head": text[:MAX_FIELD_CHARS // 2]})
     return text
+
+
+def page_ranges(pages) -> list:
+    """[[pool, page], ...] as [[pool, first, last], ...]: a crossing's pages, compact."""
+    out: list = []
+    for pool, page in sorted((str(p[0]), int(p[1])) for p in pages):
+        if out and out[-1][0] == pool and out[-1][2] + 1 == page:
+            out[-1][2] = page
+        else:
+            out.append([pool, page, page])
+    return out
 
 
 class Journal:
@@ -65,6 +106,7 @@ class Journal:
         self.lost = 0  # items whose write failed (disk full, read-only file)
         self.error: str | None = None  # why the last write failed (None once writes succeed again)
         self.pruned_rows = 0
+        self.item_error: str | None = None  # the last record that could not be encoded (it alone was lost)
         self._last_prune = time.time()  # the first prune a minute after start, off the start-up path
         self._thread = threading.Thread(target=self._run, name="evidence-journal", daemon=True)
         self._thread.start()
@@ -76,8 +118,8 @@ class Journal:
         except queue.Full:
             self.dropped += 1
 
-    def alert(self, record: dict) -> None:
-        self.put("alert", dict(record))
+    def alert(self, record: dict, run: str | None = None) -> None:
+        self.put("alert", dict(record), run)
 
     def event(self, subject: str, event: str, when: float, fields: dict) -> None:
         self.put("event", when, subject, event, fields)
@@ -112,7 +154,10 @@ class Journal:
         """Prune on the writer's thread now (it also does every PRUNE_EVERY_S); the rows deleted."""
         result: list[int] = []
         done = threading.Event()
-        self.queue.put(("prune", (now, result, done)), timeout=timeout_s)
+        try:
+            self.queue.put(("prune", (now, result, done)), timeout=timeout_s)
+        except queue.Full:
+            return 0
         done.wait(timeout_s)
         return result[0] if result else 0
 
@@ -123,6 +168,7 @@ class Journal:
             size = None
         return {"journal": str(self.path), "run": self.run, "written": self.written, "dropped": self.dropped,
                 "lost": self.lost, "error": self.error, "queued": self.queue.qsize(), "bytes": size,
+                "item_error": self.item_error, "writer_alive": self.alive,
                 "pruned_rows": self.pruned_rows, "recovered": self.recovered,
                 "previous_runs": self.previous_runs[-20:], "max_age_s": self.max_age_s, "max_bytes": self.max_bytes}
 
@@ -137,6 +183,17 @@ class Journal:
 
     # ---- the writer thread -------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # the writer must never end unseen: the feed alerts on this
+            self.error = f"the journal's writer stopped: {type(exc).__name__}: {exc}"
+            raise
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _loop(self) -> None:
         stop = False
         while not stop:
             try:
@@ -185,12 +242,20 @@ class Journal:
         if conn is None:
             self.lost += len(batch)
             return
+        bad = 0
         try:
             with conn:
                 for kind, item in batch:
-                    getattr(self, f"_write_{kind}")(conn, *item)
+                    try:
+                        getattr(self, f"_write_{kind}")(conn, *item)
+                    except sqlite3.Error:
+                        raise  # the file itself: the whole transaction is lost, said below
+                    except Exception as exc:  # one record the writer cannot encode: it alone is lost
+                        bad += 1
+                        self.item_error = f"a {kind} record could not be written: {type(exc).__name__}: {exc}"
                 conn.execute("UPDATE runs SET last_write = ? WHERE run = ?", (time.time(), self.run))
-            self.written += len(batch)
+            self.written += len(batch) - bad
+            self.lost += bad
             self.error = None
         except sqlite3.Error as exc:
             self.lost += len(batch)
@@ -219,10 +284,13 @@ class Journal:
         self._conn = None
         self._retry_at = time.monotonic() + RETRY_S
 
-    def _write_alert(self, conn, record: dict) -> None:
+    def _write_alert(self, conn, record: dict, run: str | None = None) -> None:
+        """An episode's newest state, under (run, key): this run's, or (an acknowledgement of)
+        an earlier run's episode under that run's own key."""
         key = record.get("key") or record.get("id")
-        conn.execute("INSERT OR REPLACE INTO alerts VALUES (?,?,?,?,?,?,?,?,?,?)",
-                     (self.run, key, record.get("id"), record.get("episode", 1), record.get("kind"),
+        conn.execute("INSERT OR REPLACE INTO alerts (run, key, id, episode, kind, severity, state, first_seen, "
+                     "last_seen, record) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                     (run or self.run, key, record.get("id"), record.get("episode", 1), record.get("kind"),
                       record.get("severity"), record.get("state"), record.get("first_seen"),
                       record.get("last_seen"), _json(record)))
 
@@ -231,22 +299,25 @@ class Journal:
                      (self.run, when, subject, event, _json(fields)))
 
     def _write_crossing(self, conn, row) -> None:
-        conn.execute("INSERT OR REPLACE INTO crossings VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                     (self.run, *row[:10], _json(row[10])))
+        conn.execute("INSERT OR REPLACE INTO crossings (run, second, source_slot, reader_slot, source, reader, "
+                     "source_tenant, reader_tenant, first, last, reads, pages) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                     (self.run, *row[:10], json.dumps(page_ranges(row[10]), separators=(",", ":"))))
 
     def _write_prompt(self, conn, e: dict) -> None:
-        conn.execute("INSERT INTO prompts VALUES (?,?,?,?,?,?,?,?)",
+        conn.execute("INSERT INTO prompts (run, time, request_id, tenant, model, prompt_len, prompt_hash, data_tier) "
+                     "VALUES (?,?,?,?,?,?,?,?)",
                      (self.run, e.get("time"), e.get("request_id"), e.get("tenant"), e.get("model"),
                       e.get("prompt_len"), e.get("prompt_hash"), e.get("data_tier")))
 
     def _write_findings(self, conn, when, findings) -> None:
-        conn.execute("INSERT INTO findings VALUES (?,?,?)", (self.run, when, _json(findings)))
+        conn.execute("INSERT INTO findings (run, time, findings) VALUES (?,?,?)", (self.run, when, _json(findings)))
 
     def _write_workers(self, conn, when, workers) -> None:
-        conn.execute("INSERT INTO workers VALUES (?,?,?)", (self.run, when, _json(workers)))
+        conn.execute("INSERT INTO workers (run, time, workers) VALUES (?,?,?)", (self.run, when, _json(workers)))
 
     def _write_keyframe(self, conn, when, pool, reason, arrays) -> None:
-        conn.execute("INSERT INTO keyframes VALUES (?,?,?,?,?)", (self.run, when, pool, reason, arrays))
+        conn.execute("INSERT INTO keyframes (run, time, pool, reason, arrays) VALUES (?,?,?,?,?)",
+                     (self.run, when, pool, reason, arrays))
 
     def _write_end(self, conn, when) -> None:
         conn.execute("UPDATE runs SET ended = ?, clean = 1 WHERE run = ?", (when, self.run))
@@ -269,6 +340,18 @@ class Journal:
         now = time.time() if now is None else now
         conn = self._conn
         deleted = self._delete_before(conn, now - self.max_age_s, "older than the journal's max_age_s")
+        while _used_bytes(conn) > self.max_bytes:  # page maps go first: they are the bulk, not the record
+            with conn:
+                gone = conn.execute("DELETE FROM keyframes WHERE rowid IN (SELECT rowid FROM keyframes "
+                                    "ORDER BY time LIMIT 10)").rowcount
+                if gone:
+                    conn.execute("INSERT INTO prunes (time, older_than, rows, reason) VALUES (?,?,?,?)",
+                                 (time.time(), None, gone, f"keyframes, oldest first: the journal was over "
+                                                           f"max_bytes ({self.max_bytes:,})"))
+            deleted += gone
+            self.pruned_rows += gone
+            if not gone:
+                break
         for _ in range(20):
             if _used_bytes(conn) <= self.max_bytes:
                 break
@@ -291,7 +374,8 @@ class Journal:
             conn.execute("DELETE FROM runs WHERE run != ? AND COALESCE(ended, last_write, started) < ?",
                          (self.run, cut))
             if rows:
-                conn.execute("INSERT INTO prunes VALUES (?,?,?,?)", (time.time(), cut, rows, reason))
+                conn.execute("INSERT INTO prunes (time, older_than, rows, reason) VALUES (?,?,?,?)",
+                             (time.time(), cut, rows, reason))
         self.pruned_rows += rows
         return rows
 

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from pathlib import Path
 
+from engine.evidence import schema
+
 TERMINAL = ("finished", "failed", "cancelled", "rejected")  # request events that end its lifecycle
+READ_BUDGET_S = 120.0  # one reader's SQL time in all: a hostile file cannot make it run forever
+MAX_VALUE_BYTES = 64 << 20  # one string or blob read, at most (a keyframe is ~120 KB)
 
 
 class JournalError(Exception):
@@ -25,9 +30,33 @@ class JournalReader:
             raise JournalError(f"no evidence journal at {self.path}")
         try:
             self.conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5.0)
-            self.conn.execute("SELECT 1 FROM runs LIMIT 1").fetchall()
+            # A journal may come from anywhere (an incident bundle, a colleague): no view, trigger or
+            # function in it runs, no value is larger than MAX_VALUE_BYTES, and reading stops after
+            # READ_BUDGET_S of SQL.
+            self.conn.execute("PRAGMA trusted_schema = OFF")
+            self.conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+            deadline = time.monotonic() + READ_BUDGET_S
+            self.conn.set_progress_handler(lambda: time.monotonic() > deadline, 100_000)
+            self._check_schema()
         except sqlite3.DatabaseError as exc:
             raise JournalError(f"{self.path} is not a readable evidence journal: {exc}") from None
+
+    def _check_schema(self) -> None:
+        """Only the journal's own tables and indexes, each a real table (not a view): what a
+        query names is then what it reads."""
+        objects = self.conn.execute("SELECT type, name FROM sqlite_master").fetchall()
+        odd = [f"{kind} {name}" for kind, name in objects
+               if kind not in ("table", "index") or (kind == "table" and name not in schema.TABLES
+                                                     and name != "sqlite_sequence")]
+        if odd:
+            raise JournalError(f"{self.path} is not an evidence journal: it holds {', '.join(odd[:5])}")
+        missing = [t for t in schema.TABLES if (("table", t) not in objects)]
+        if missing:
+            raise JournalError(f"{self.path} is not an evidence journal: no table {', '.join(missing)}")
+        version = self.conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+        if version is None or version[0] != str(schema.SCHEMA_VERSION):
+            raise JournalError(f"{self.path} has journal schema {version[0] if version else 'none'}; this version "
+                               f"reads schema {schema.SCHEMA_VERSION}")
 
     def close(self) -> None:
         self.conn.close()
@@ -42,6 +71,8 @@ class JournalReader:
         try:
             return self.conn.execute(sql, args).fetchall()
         except sqlite3.DatabaseError as exc:
+            if "interrupt" in str(exc):  # the progress handler: the read budget is spent
+                raise JournalError(f"reading {self.path} stopped after {READ_BUDGET_S:.0f} s of queries") from None
             raise JournalError(f"reading {self.path} failed: {exc}") from None
 
     # ---- runs --------------------------------------------------------------------------
@@ -93,6 +124,8 @@ class JournalReader:
             sql, args = sql + " AND first <= ?", (*args, until)
         pairs: dict[tuple, dict] = {}
         for run, s_slot, r_slot, source, reader, s_tenant, r_tenant, first, last, reads, pages in self._rows(sql, args):
+            if not all(isinstance(v, (int, float)) for v in (first, last, reads, s_slot, r_slot)):
+                continue  # a damaged row: not evidence of anything
             pair = pairs.get((run, s_slot, r_slot))
             if pair is None:
                 pair = pairs[(run, s_slot, r_slot)] = {
@@ -102,7 +135,7 @@ class JournalReader:
             for name, value in (("source", source), ("source_tenant", s_tenant), ("reader_tenant", r_tenant)):
                 if pair[name] is None:
                     pair[name] = value
-            pair["pages"] |= {(str(p[0]), int(p[1])) for p in (_loads(pages) or []) if len(p) == 2}
+            pair["pages"] |= _pages(_loads(pages))
             pair["first"], pair["last"] = min(pair["first"], first), max(pair["last"], last)
             pair["reads"] += reads
         out = []
@@ -161,16 +194,28 @@ class JournalReader:
         rows = self._rows(sql + " ORDER BY time DESC LIMIT 1", args)
         return _loads(rows[0][0]) if rows else None
 
-    def keyframes(self, since: float | None = None, until: float | None = None, runs=None) -> list[dict]:
-        """Page-map keyframes: {run, time, pool, reason, arrays (npz bytes)}, oldest first."""
+    def keyframes(self, since: float | None = None, until: float | None = None, runs=None,
+                  limit: int | None = None) -> list[dict]:
+        """Page-map keyframes: {run, time, pool, reason, arrays (npz bytes)}, oldest first (the
+        first `limit` of the window)."""
+        sql, args = self._keyframe_query("run, time, pool, reason, arrays", since, until, runs)
+        if limit is not None:
+            sql, args = sql + " LIMIT ?", (*args, int(limit))
+        return [{"run": r, "time": t, "pool": p, "reason": why, "arrays": a}
+                for r, t, p, why, a in self._rows(sql, args)]
+
+    def count_keyframes(self, since: float | None = None, until: float | None = None, runs=None) -> int:
+        sql, args = self._keyframe_query("COUNT(*)", since, until, runs)
+        return int(self._rows(sql, args)[0][0])
+
+    def _keyframe_query(self, columns: str, since, until, runs) -> tuple[str, tuple]:
         where, args = self._run_filter(runs)
-        sql = f"SELECT run, time, pool, reason, arrays FROM keyframes WHERE {where}"
+        sql = f"SELECT {columns} FROM keyframes WHERE {where}"
         if since is not None:
             sql, args = sql + " AND time >= ?", (*args, since)
         if until is not None:
             sql, args = sql + " AND time <= ?", (*args, until)
-        return [{"run": r, "time": t, "pool": p, "reason": why, "arrays": a}
-                for r, t, p, why, a in self._rows(sql + " ORDER BY time", args)]
+        return (sql if columns.startswith("COUNT") else sql + " ORDER BY time"), args
 
     def prunes(self) -> list[dict]:
         return [{"time": t, "older_than": cut, "rows": n, "reason": why}
@@ -204,10 +249,21 @@ def request_from_events(request_id: str, events: list[dict]) -> dict:
     return rec
 
 
+def _pages(ranges) -> set[tuple[str, int]]:
+    """A crossing row's pages: [[pool, first, last], ...] ranges, as (pool, page) pairs. Anything
+    else in the row (a damaged or hostile file) is skipped."""
+    out: set[tuple[str, int]] = set()
+    for item in ranges if isinstance(ranges, list) else ():
+        if isinstance(item, list) and len(item) == 3 and all(isinstance(v, int) for v in item[1:]) \
+                and 0 <= item[2] - item[1] < 1 << 24:
+            out.update((str(item[0]), page) for page in range(item[1], item[2] + 1))
+    return out
+
+
 def _loads(text):
     if text is None:
         return None
     try:
         return json.loads(text)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         return None

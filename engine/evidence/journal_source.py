@@ -60,7 +60,10 @@ class JournalSource:
                 worker["state"] = NO_KEYFRAME
         counters = Counter(e["event"] for e in reader.events(None, self.until, runs)
                            if e["event"] in ("admitted", "rejected", "placeholder", "finished", "failed", "cancelled"))
-        return {"engine": engine, "workers": workers, "alerts": reader.alerts(runs),
+        alerts = [a if a["run"] == newest["run"] else
+                  {**a, "previous_run": True, "journal_key": a["key"], "key": f"{a['run']}/{a['key']}"}
+                  for a in reader.alerts(runs)]  # the newest run's keys as the live engine gives them
+        return {"engine": engine, "workers": workers, "alerts": alerts,
                 "capacity": reader.latest("findings", "findings", runs) or [], "config": newest["config"],
                 "counters": dict(counters), "evidence": {"journal": str(reader.path), "runs": engine["runs"],
                                                           "prunes": reader.prunes()}}
@@ -70,7 +73,8 @@ class JournalSource:
         if op == "history":
             history = self.reader.history(since, until, self.run_ids)
             return {**history, "since": since, "until": until or self.until, "next": None, "telemetry": [],
-                    "keyframes": self.keyframes(since, until)}
+                    "keyframes": self.keyframes(since, until),
+                    "keyframes_left_out": max(0, self.count_keyframes(since, until) - 16)}
         if op == "scope":
             pairs = self.reader.scope(since, until, self.run_ids)
             return {"pairs": pairs, "reads": sum(p["reads"] for p in pairs), "since": since, "until": until,
@@ -79,6 +83,9 @@ class JournalSource:
             entries = self.reader.prompt_log(since, self.run_ids)
             return {"entries": entries, "total": len(entries), "left_out": 0}
         raise JournalError(f"the journal cannot answer {op!r}")
+
+    def count_keyframes(self, since: float | None = None, until: float | None = None) -> int:
+        return self.reader.count_keyframes(since, until, self.run_ids)
 
     def page_metadata(self, pool: str) -> dict:
         import numpy as np
@@ -89,12 +96,13 @@ class JournalSource:
         with np.load(io.BytesIO(frames[-1]["arrays"]), allow_pickle=False) as npz:
             return {name: npz[name].copy() for name in npz.files}
 
-    def keyframes(self, since: float | None = None, until: float | None = None) -> list[dict]:
-        """Every keyframe in the window with its arrays decoded (for the first-crossing maps)."""
+    def keyframes(self, since: float | None = None, until: float | None = None,
+                  first: int | None = 16) -> list[dict]:
+        """The window's first `first` keyframes with their arrays decoded (the first-crossing maps)."""
         import numpy as np
 
         out = []
-        for frame in self.reader.keyframes(since, until, self.run_ids):
+        for frame in self.reader.keyframes(since, until, self.run_ids, limit=first):
             with np.load(io.BytesIO(frame["arrays"]), allow_pickle=False) as npz:
                 out.append({**{k: v for k, v in frame.items() if k != "arrays"},
                             **{name: npz[name].tolist() for name in npz.files}})

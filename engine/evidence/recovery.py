@@ -17,6 +17,7 @@ from pathlib import Path
 
 from engine.evidence import schema
 
+DAMAGE = ("SQLITE_CORRUPT", "SQLITE_NOTADB")  # the errors that mean the file itself is damaged
 CHUNK = 500  # rows copied per read while salvaging
 MAX_BAD_CHUNKS = 2_000  # unreadable chunks skipped per table before giving the rest of it up
 
@@ -51,6 +52,8 @@ def open_recovered(path: Path) -> tuple[sqlite3.Connection, dict | None]:
     """The journal at `path`, opened and ready to write, and what recovery did (None: nothing
     was wrong). Raises sqlite3.Error / OSError only when no journal can be created at all."""
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise OSError(f"{path} is not a regular file (a directory?): name a file for [audit] journal")
     torn = torn_wal_bytes(path) if path.exists() else 0
     problem = None
     if path.exists():
@@ -59,6 +62,7 @@ def open_recovered(path: Path) -> tuple[sqlite3.Connection, dict | None]:
             conn = connect(path)
             check = [row[0] for row in conn.execute("PRAGMA quick_check(20)").fetchall()]
             if check == ["ok"]:
+                _check_version(conn, path)
                 schema.create(conn)
                 conn.commit()
                 if torn:
@@ -68,7 +72,12 @@ def open_recovered(path: Path) -> tuple[sqlite3.Connection, dict | None]:
                 return conn, None
             problem = "; ".join(check)
         except sqlite3.DatabaseError as exc:
+            if conn is not None:
+                conn.close()
+            if getattr(exc, "sqlite_errorname", None) not in DAMAGE:
+                raise  # locked by another process, no permission, an I/O error: not damage; the file stays
             problem = str(exc)
+            conn = None
         if conn is not None:
             conn.close()
     if problem is None:  # a new journal
@@ -93,6 +102,19 @@ def open_recovered(path: Path) -> tuple[sqlite3.Connection, dict | None]:
             message += f" (+{len(unreadable) - 20} more ranges)"
     return conn, {"problem": problem, "moved_to": str(moved), "kept_rows": kept, "unreadable": unreadable,
                   "torn_wal_bytes": torn, "message": message}
+
+
+def _check_version(conn: sqlite3.Connection, path: Path) -> None:
+    """A journal written by another schema version is left alone (raises sqlite3.DatabaseError
+    naming both versions): writing into it would fail row by row, or mix two layouts."""
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not tables:
+        return  # an empty file: a new journal
+    row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() if "meta" in tables else None
+    if row is None or row[0] != str(schema.SCHEMA_VERSION):
+        conn.close()
+        raise sqlite3.DatabaseError(f"{path} holds journal schema {row[0] if row else 'none'}; this engine writes "
+                                    f"schema {schema.SCHEMA_VERSION}: move the file away or set [audit] journal")
 
 
 def salvage(src_path: Path, dst: sqlite3.Connection) -> tuple[dict[str, int], list[str]]:
@@ -130,7 +152,12 @@ def _copy_table(src, dst, table: str, unreadable: list[str]) -> int:
                                (after,)).fetchall()
         except sqlite3.DatabaseError as exc:
             bad += 1
-            unreadable.append(f"{table} rows after rowid {after:,} up to {after + CHUNK:,} ({exc})")
+            rows, lost = _one_by_one(src, table, names, after)
+            if rows:
+                dst.executemany(insert, [row[1:] for row in rows])
+                copied += len(rows)
+            if lost:
+                unreadable.append(f"{table}: {lost} row(s) between rowid {after:,} and {after + CHUNK:,} ({exc})")
             after += CHUNK
             continue
         if not rows:
@@ -141,3 +168,18 @@ def _copy_table(src, dst, table: str, unreadable: list[str]) -> int:
     if bad >= MAX_BAD_CHUNKS:
         unreadable.append(f"{table}: the rest after rowid {after:,} (too many unreadable ranges)")
     return copied
+
+
+def _one_by_one(src, table: str, names: str, after: int) -> tuple[list, int]:
+    """The readable rows with rowid in (after, after + CHUNK], read one at a time; and how many
+    of those rowids could not be read (a rowid with no row is not counted)."""
+    rows, lost = [], 0
+    for rowid in range(after + 1, after + CHUNK + 1):
+        try:
+            row = src.execute(f"SELECT rowid, {names} FROM {table} WHERE rowid = ?", (rowid,)).fetchone()
+        except sqlite3.DatabaseError:
+            lost += 1
+            continue
+        if row is not None:
+            rows.append(row)
+    return rows, lost

@@ -32,9 +32,12 @@ MAX_DISTINCT = 1_000_000  # distinct requests / pages counted per episode; past 
 
 
 class AlertBook:
-    def __init__(self, publish):
-        """publish(record: dict) sends one alert record on the telemetry topic."""
+    def __init__(self, publish, changed=None):
+        """publish(record: dict) sends one alert record on the telemetry topic (a repeat at most
+        every REPUBLISH_S); changed(record), when given, hears of every change at once, unthrottled
+        (the evidence journal: a crash must not lose a second of counts)."""
         self.publish = publish
+        self.changed = changed or (lambda record: None)
         self.alerts: OrderedDict[str, dict] = OrderedDict()
         self.conditions: set[str] = set()  # ids that resolve on a condition, not on quiet
         self.evicted = 0
@@ -58,6 +61,7 @@ class AlertBook:
         if record is not None and record["state"] != "resolved":
             record["state"], record["resolved_at"] = "resolved", time.time()
             _transition(record, "resolved", record["resolved_at"])
+            self.changed(record)
             self.publish(dict(record))
 
     def acknowledge(self, ids: list[str]) -> list[str]:
@@ -75,6 +79,7 @@ class AlertBook:
                 if not record["acked"]:
                     record["acked"] = True
                     _transition(record, "acknowledged", time.time())
+                    self.changed(record)
                     self.publish(dict(record))
                 done.append(aid)
         return done
@@ -87,6 +92,7 @@ class AlertBook:
                     and now - record["last_seen"] > QUIET_RESOLVE_S):
                 record["state"], record["resolved_at"] = "resolved", now
                 _transition(record, "resolved", now)
+                self.changed(record)
                 self.publish(dict(record))
 
     def records(self) -> list[dict]:
@@ -97,10 +103,20 @@ class AlertBook:
         """The newest episode of each alert of this run."""
         return [dict(r) for r in self.alerts.values()]
 
-    def add_previous(self, records: list[dict]) -> None:
+    def add_previous(self, records: list[dict], left_out: int = 0) -> None:
         """Episodes of an earlier engine run, read back from the journal: shown, never changed
-        (acknowledging one is the only edit) and never forwarded again."""
-        self.previous = [{**r, "previous_run": True} for r in records]
+        (acknowledging one is the only edit) and never forwarded again. Their key names their run
+        (`run/id#episode`: episode numbers start again in every run); `journal_key` is the key
+        the journal keeps them under. left_out: older ones not read back (the journal has them)."""
+        self.previous = [{**r, "previous_run": True, "journal_key": r["key"], "key": f"{r['run']}/{r['key']}"}
+                         for r in records]
+        self.previous_left_out = left_out
+
+    def counts(self) -> dict:
+        """What the records leave out, so that a reader can say so."""
+        return {"live": len(self.alerts), "past": len(self.past), "past_left_out": self.past_evicted,
+                "evicted": self.evicted, "previous": len(self.previous),
+                "previous_left_out": getattr(self, "previous_left_out", 0)}
 
     def _set(self, state, kind, severity, detail, subject, condition, requests, pages, fields) -> dict:
         alert_kind(kind), check_severity(severity)  # a kind or severity not declared is a bug: raise
@@ -140,6 +156,7 @@ class AlertBook:
         record["pages_total"] = _count(seen_pages, pages, record["pages_total"])
         if condition:
             self.conditions.add(aid)
+        self.changed(record)
         while len(self.alerts) > MAX_ALERTS and self._evict_one():
             pass
         if changed or now - self._published.get(aid, 0.0) >= REPUBLISH_S:

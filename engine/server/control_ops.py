@@ -295,9 +295,15 @@ class ControlOps:
         until = field_of(msg, "until", "float", default=None)
         run = field_of(msg, "run", "str", default=None, max_len=64)
         if run is not None and run != self.sup.evidence.run:  # an earlier run (or "all"): the journal knows
-            pairs = self.sup.evidence.scope(since, until, run)
-            self._reply(identity, msg, {"pairs": pairs, "reads": sum(p["reads"] for p in pairs), "since": since,
-                                        "until": until, "incomplete_before": None, "dropped_reads": 0, "run": run})
+            def answer(result):  # on the loop, once the journal's reader thread has it
+                if isinstance(result, PageWardenError):
+                    self.sup.to_client(identity, error_reply(msg.get("id"), result.code, str(result)))
+                    return
+                self._reply(identity, msg, {"pairs": result, "reads": sum(p["reads"] for p in result),
+                                            "since": since, "until": until, "incomplete_before": None,
+                                            "dropped_reads": 0, "run": run})
+
+            self.sup.evidence.scope(since, until, run, answer)
             return
         pairs = [self._with_tenants(p) for p in self.sup.reads.scope(since, until)]
         reads = self.sup.reads
@@ -339,11 +345,13 @@ class ControlOps:
                 other.append(item)
             size += len(msgpack.packb(item, use_bin_type=True))
             last = seq
+        # the first page also carries the first page-map keyframes of the window (the journal's)
+        frames, frames_left_out = sup.evidence.keyframes(since) if not after else ([], 0)
         # the telemetry kept comes with the first page; `next` asks for the page after this one
         self._reply(identity, msg, {"since": since, "until": time.time(), "requests": requests,
                                     "engine_events": other, "next": more,
                                     "telemetry": sup.telemetry.since(since) if not after else [],
-                                    "keyframes": sup.evidence.keyframes(since) if not after else []})
+                                    "keyframes": frames, "keyframes_left_out": frames_left_out})
 
     def op_ground_truth(self, identity: bytes, msg: Message) -> None:
         """Every decode worker's own list of the cross-request reads it saw happen."""

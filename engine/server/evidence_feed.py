@@ -1,27 +1,34 @@
 """EvidenceFeed: what the supervisor hands to the evidence journal, and what it reads back.
 
 Everything here runs on the supervisor's loop and only queues (engine/evidence/journal.py
-writes on its own thread). At start it reads the previous runs' alert episodes back, so a
-restart shows them, marked `previous_run`.
+writes on its own thread); reads of the journal for clients (an earlier run's scope) run on a
+reader thread of their own and are answered when done. At start it reads the previous runs'
+alert episodes back, so a restart shows them, marked `previous_run`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
+import queue
 import re
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
-FLUSH_S = 0.25  # crossings changed since the last flush are queued this often
+FLUSH_S = 0.25  # crossings and alert changes are queued this often
 KEYFRAME_QUIET_S = 10.0  # a crossing after this long without one starts a wave: keyframe the pools
-PREVIOUS_ALERTS = 2_000  # earlier runs' episodes shown at most (the newest; the journal keeps all)
+KEYFRAME_EVERY_S = 300.0  # and at most this often (a flapping leak must not fill the disk with maps)
+PREVIOUS_ALERTS = 500  # earlier runs' episodes shown at most (the newest; the journal keeps all, and says so)
 
 
-def journal_path(setting: str, control_endpoint: str) -> Path | None:
-    """Where `[audit] journal` puts the file (None: off). "auto": one file per engine, named
-    by its control endpoint, under the state directory."""
+def journal_path(setting: str, asked_bind: str, config_source: str) -> Path | None:
+    """Where `[audit] journal` puts the file (None: off). "auto": one file per engine under the
+    state directory, named by the control endpoint it was asked to bind, so a restart finds it;
+    an engine on a random port (port 0: the app's hosted engine, tests) is named by its config
+    file instead."""
     if not setting:
         return None
     if setting != "auto":
@@ -30,7 +37,13 @@ def journal_path(setting: str, control_endpoint: str) -> Path | None:
     if not base:
         xdg = os.environ.get("XDG_STATE_HOME")
         base = Path(xdg) / "pagewarden" if xdg else Path.home() / ".local" / "state" / "pagewarden"
-    name = re.sub(r"[^A-Za-z0-9]+", "-", control_endpoint).strip("-") or "engine"
+    if asked_bind.endswith(":0"):
+        source = str(Path(config_source).resolve()) if config_source and not config_source.startswith("<") \
+            else config_source
+        digest = hashlib.sha256(source.encode()).hexdigest()[:10]
+        name = f"config-{re.sub(r'[^A-Za-z0-9]+', '-', Path(source).stem).strip('-')[:40]}-{digest}"
+    else:
+        name = re.sub(r"[^A-Za-z0-9]+", "-", asked_bind).strip("-") or "engine"
     return Path(base) / f"engine-{name}.sqlite"
 
 
@@ -40,13 +53,21 @@ class EvidenceFeed:
 
         self.sup = sup
         self.journal: Journal | None = None
-        self.open_error: str | None = None
+        self.open_error: str | None = None  # the journal could not be opened at all
+        self.read_error: str | None = None  # an earlier run's evidence could not be read back
         self.previous: dict | None = None  # the run before this one: when, and what it left
         self._last_flush = 0.0
         self._last_crossing = 0.0
+        self._last_keyframe = -KEYFRAME_EVERY_S
+        self._keyframes_skipped = 0
+        self._dirty_alerts: dict[tuple, dict] = {}
         self._signatures: dict[str, object] = {}
         self._seen_dropped = 0
+        self._seen_lost = 0
         self._failing = False
+        self._queries: queue.Queue = queue.Queue(maxsize=16)
+        self._answers: queue.Queue = queue.Queue()
+        self._reader_thread: threading.Thread | None = None
         if path is None:
             return
         audit = sup.config.audit
@@ -59,6 +80,10 @@ class EvidenceFeed:
         sup.reads.track_changes()
         self._read_previous()
 
+    @property
+    def run(self) -> str | None:
+        return self.journal.run if self.journal is not None else None
+
     def _read_previous(self) -> None:
         from engine.evidence.journal_read import JournalError, JournalReader
 
@@ -68,21 +93,22 @@ class EvidenceFeed:
             return
         try:
             with JournalReader(journal.path) as reader:
-                records = reader.alerts(runs=earlier)[-PREVIOUS_ALERTS:]
+                records = reader.alerts(runs=earlier)
                 pairs = reader.scope(runs=earlier[-1:])
         except JournalError as exc:
-            self.open_error = f"the previous runs' evidence could not be read back: {exc}"
+            self.read_error = f"the previous runs' evidence could not be read back: {exc}"
             return
-        self.sup.alerts.add_previous(records)
+        self.sup.alerts.add_previous(records[-PREVIOUS_ALERTS:], left_out=max(0, len(records) - PREVIOUS_ALERTS))
         last = journal.previous_runs[-1]
         self.previous = {**last, "alerts": sum(r["run"] == last["run"] for r in records),
                          "pairs": len(pairs), "reads": sum(p["reads"] for p in pairs),
                          "readers": len({p["reader"] for p in pairs})}
 
     # ---- what the supervisor hands over ------------------------------------------------
-    def alert(self, record: dict) -> None:
-        if self.journal is not None and not record.get("previous_run"):
-            self.journal.alert(record)
+    def alert_changed(self, record: dict) -> None:
+        """Every change of an alert record (unthrottled): queued at the next flush, newest state."""
+        if self.journal is not None:
+            self._dirty_alerts[(record.get("run"), record.get("key"))] = record
 
     def event(self, subject: str, event: str, when: float, fields: dict) -> None:
         if self.journal is not None:
@@ -108,15 +134,26 @@ class EvidenceFeed:
         np.savez(buffer, **{name: np.asarray(a) for name, a in arrays.items()})
         self.journal.keyframe(time.time(), str(pool), reason, buffer.getvalue())
 
-    # ---- periodic: crossings, keyframes, the journal's own health -------------------------
+    # ---- periodic: crossings, alerts, keyframes, answers, the journal's own health ---------
     def periodic(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         if self.journal is not None and now - self._last_flush >= FLUSH_S:
             self._last_flush = now
-            self._flush_crossings()
+            self._flush_alerts()
+            self._flush_crossings(now)
+        self._deliver()
         self._check_health()
 
-    def _flush_crossings(self) -> None:
+    def _flush_alerts(self) -> None:
+        for (run, _), record in self._dirty_alerts.items():
+            if record.get("previous_run"):  # an acknowledgement of an earlier run's episode: under its own key
+                self.journal.alert({k: v for k, v in record.items() if k not in ("previous_run", "journal_key")}
+                                   | {"key": record["journal_key"]}, run)
+            else:
+                self.journal.alert(dict(record))
+        self._dirty_alerts.clear()
+
+    def _flush_crossings(self, now: float) -> None:
         changed = self.sup.reads.take_dirty()
         if not changed:
             return
@@ -127,12 +164,18 @@ class EvidenceFeed:
                                    bucket.first, bucket.last, bucket.reads, sorted(bucket.pages)))
         newest = max(bucket.last for _, bucket in changed)
         if newest - self._last_crossing > KEYFRAME_QUIET_S:
-            self.sup.ask_keyframes("first_crossing")
+            if now - self._last_keyframe >= KEYFRAME_EVERY_S:
+                self._last_keyframe = now
+                self.sup.ask_keyframes("first_crossing")
+            else:
+                self._keyframes_skipped += 1
         self._last_crossing = max(self._last_crossing, newest)
 
     def _check_health(self) -> None:
         sup, journal = self.sup, self.journal
-        error = self.open_error if journal is None else journal.error
+        error = self.open_error or self.read_error
+        if journal is not None:
+            error = journal.error or (None if journal.alive else "the journal's writer thread stopped") or error
         if error and not self._failing:
             self._failing = True
             sup.alert("journal_failing", "error", f"{error}; serving goes on, but what is not written is lost on "
@@ -140,55 +183,99 @@ class EvidenceFeed:
         elif not error and self._failing:
             self._failing = False
             sup.alerts.resolve("journal_failing", "write")
-        if journal is not None and journal.dropped > self._seen_dropped:
+        if journal is None:
+            return
+        if journal.dropped > self._seen_dropped:
             self._seen_dropped = journal.dropped
             sup.alert("journal_failing", "error", f"the evidence journal's queue was full: {journal.dropped:,} "
                       f"records were dropped unwritten (the writer fell behind)", subject="dropped",
                       dropped=journal.dropped)
+        if journal.lost > self._seen_lost and journal.item_error and not journal.error:
+            self._seen_lost = journal.lost
+            sup.alert("journal_failing", "error", f"{journal.item_error}; {journal.lost:,} records lost in all",
+                      subject="record", lost=journal.lost)
 
-    @property
-    def run(self) -> str | None:
-        return self.journal.run if self.journal is not None else None
-
-    def scope(self, since: float | None, until: float | None, run: str) -> list[dict]:
-        """Affected pairs of an earlier run (or of every run: "all") from the journal. Raises
-        InvalidRequest when there is no journal or no such run."""
+    # ---- reads for clients, off the loop ------------------------------------------------
+    def scope(self, since: float | None, until: float | None, run: str, answer) -> None:
+        """An earlier run's (or every run's: "all") affected pairs, read from the journal on the
+        reader thread; answer(pairs) or answer(error: InvalidRequest) is called on the loop.
+        Raises InvalidRequest at once when there is no journal, no such run, or too many reads
+        are waiting."""
         from engine.errors import InvalidRequest
-        from engine.evidence.journal_read import JournalError, JournalReader
 
         if self.journal is None:
             raise InvalidRequest(f"no evidence journal: the scope of run {run!r} is not kept ([audit] journal)")
         known = [r["run"] for r in self.journal.previous_runs] + [self.journal.run]
         if run != "all" and run not in known:
             raise InvalidRequest(f"run {run!r} is not in the journal; runs: {', '.join(known[-20:])}")
-        # (no wait for the writer: for "all", this run's last half second may not be in yet)
+        self._ensure_reader()
         try:
-            with JournalReader(self.journal.path) as reader:
-                return reader.scope(since, until, None if run == "all" else [run])
-        except JournalError as exc:
-            raise InvalidRequest(str(exc)) from None
+            self._queries.put_nowait((since, until, None if run == "all" else [run], answer))
+        except queue.Full:
+            raise InvalidRequest(f"{self._queries.maxsize} journal reads are waiting already; ask again shortly") \
+                from None
 
-    def keyframes(self, since: float | None) -> list[dict]:
-        """This run's page-map keyframes since `since`, arrays as lists (for `history`)."""
+    def _ensure_reader(self) -> None:
+        if self._reader_thread is None or not self._reader_thread.is_alive():
+            self._reader_thread = threading.Thread(target=self._read_loop, name="evidence-reader", daemon=True)
+            self._reader_thread.start()
+
+    def _read_loop(self) -> None:
+        from engine.errors import InvalidRequest
+        from engine.evidence.journal_read import JournalError, JournalReader
+
+        while True:
+            job = self._queries.get()
+            if job is None:
+                return
+            since, until, runs, answer = job
+            try:
+                with JournalReader(self.journal.path) as reader:
+                    result = reader.scope(since, until, runs)
+            except JournalError as exc:
+                result = InvalidRequest(str(exc))
+            except Exception as exc:  # a damaged row: the client hears why; the reader goes on
+                result = InvalidRequest(f"the journal could not be read: {type(exc).__name__}: {exc}")
+            self._answers.put((answer, result))
+
+    def _deliver(self) -> None:
+        while True:
+            try:
+                answer, result = self._answers.get_nowait()
+            except queue.Empty:
+                return
+            answer(result)
+
+    def keyframes(self, since: float | None, limit: int = 16) -> tuple[list[dict], int]:
+        """This run's newest `limit` page-map keyframes since `since`, arrays as lists (for
+        `history`), and how many more there were."""
         if self.journal is None:
-            return []
+            return [], 0
         from engine.evidence.journal_read import JournalError
         from engine.evidence.journal_source import JournalSource
 
         try:
             with JournalSource(self.journal.path, run=self.journal.run) as source:
-                return source.keyframes(since)
+                frames = source.keyframes(since, first=limit)
+                return frames, max(0, source.count_keyframes(since) - len(frames))
         except JournalError:
-            return []
+            return [], 0
 
     def describe(self) -> dict:
+        counts = {"alerts": self.sup.alerts.counts(), "keyframes_skipped": self._keyframes_skipped}
         if self.journal is None:
-            return {"journal": None, "error": self.open_error, "previous_run": None}
-        return {**self.journal.describe(), "error": self.journal.error or self.open_error,
-                "previous_run": self.previous}
+            return {"journal": None, "run": None, "error": self.open_error, "previous_run": None, **counts}
+        return {**self.journal.describe(), "error": self.journal.error or self.read_error,
+                "previous_run": self.previous, **counts}
 
     def close(self) -> None:
+        if self._reader_thread is not None:
+            try:
+                self._queries.put_nowait(None)
+            except queue.Full:
+                pass
         if self.journal is not None:
+            self._flush_alerts()
             self.journal.close()
 
 

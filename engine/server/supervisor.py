@@ -91,7 +91,7 @@ class Supervisor:
             self.poller.register(sock, zmq.POLLIN)
         self.telemetry = TelemetryPublisher(self.pub)
         self.forwarder = AlertForwarder(instance=instance_label(self.control_endpoint))
-        self.alerts = AlertBook(self._alert_changed)
+        self.alerts = AlertBook(self._alert_changed, changed=self._alert_record_changed)
         self.reads = ReadLog()
         self.canaries = CanaryBook(config.canaries.per_minute, config.canaries.marker_chars, config.canaries.enabled)
         self.metrics = MetricsWindow()
@@ -116,7 +116,7 @@ class Supervisor:
                                   send=self.to_worker, on_spawn=self._worker_spawned,
                                   on_silent=self._worker_silent, on_stop=self._worker_stopping,
                                   on_exit=self._worker_exited)
-        self.evidence = EvidenceFeed(self, journal_path(config.audit.journal, self.control_endpoint), run_info={
+        self.evidence = EvidenceFeed(self, journal_path(config.audit.journal, bind, config.source), run_info={
             "host": _hostname(), "control": self.control_endpoint, "config": config.to_dict(),
             "engine": {"model": str(config.model.resolved_path()), "telemetry": self.telemetry_endpoint,
                        "architecture": self.model_config.architecture}})
@@ -576,9 +576,13 @@ class Supervisor:
 
     def _alert_changed(self, record: dict) -> None:
         self.telemetry.publish("alerts", record)
-        self.evidence.alert(record)  # a queue only: the journal writes on its own thread
         if not record.get("previous_run"):
             self.forwarder.offer(record)  # memory only: the POST happens in the forwarder's thread
+
+    def _alert_record_changed(self, record: dict) -> None:
+        evidence = getattr(self, "evidence", None)  # None only while the supervisor is being built
+        if evidence is not None:
+            evidence.alert_changed(record)  # every change, unthrottled; queued at the next flush
 
     def _audit_event(self, subject: str, event: str, when: float, fields: dict) -> None:
         evidence = getattr(self, "evidence", None)  # None only while the supervisor is being built

@@ -127,7 +127,7 @@ class WorkerHandle:
                 "free_pages": self.stats.get("free_pages"),
             },
             "inflight": len(self.inflight), "restarts": self.restarts, "exit_code": self.exit_code,
-            "reason": self.reason, "stats": self.stats, "crashes_in_a_row": self.crashes_in_a_row,
+            "reason": self.reason, "stats": dict(self.stats), "crashes_in_a_row": self.crashes_in_a_row,
             "restart_in_s": (None if self.restart_at is None
                              else round(max(0.0, self.restart_at - time.monotonic()), 3)),
             "uptime_s": round(time.monotonic() - self.started_at, 3) if self.started_at else None,

@@ -128,13 +128,45 @@ def test_pruned_by_size_keeps_the_newest(tmp_path):
     assert prunes and all("max_bytes" in p["reason"] for p in prunes)
 
 
-def test_a_huge_field_is_cut_and_says_so(tmp_path):
+def test_long_fields_are_cut_inside_the_record_and_say_how_much(tmp_path):
     journal = _journal(tmp_path / "j.sqlite")
-    journal.event("worker:decode-0", "crashed", time.time(), {"log_tail": "x" * (1 << 20)})
+    journal.event("worker:decode-0", "crashed", time.time(), {"log_tail": "x" * (1 << 20) + "THE END"})
+    book = AlertBook(journal.alert)
+    book.fire("worker_crashed", "critical", "killed", subject="decode-0", condition=True,
+              log_tail="y" * (1 << 20))
+    now = time.time()
+    journal.crossing((int(now), 1, 2, "r1", "r2", "a", "b", now, now, 4096,
+                      [["decode-0", p] for p in range(4096)]))
     journal.close()
     conn = sqlite3.connect(tmp_path / "j.sqlite")
     (fields,) = conn.execute("SELECT fields FROM events").fetchone()
-    assert len(fields) < 100_000 and json.loads(fields)["cut"] is True
+    fields = json.loads(fields)
+    assert fields["log_tail"].endswith("THE END") and fields["log_tail_cut_chars"] == (1 << 20) + 7
+    with JournalReader(tmp_path / "j.sqlite") as reader:
+        (alert,) = reader.alerts()
+        (pair,) = reader.scope()
+    assert (alert["key"], alert["kind"], alert["state"]) == ("worker_crashed:decode-0#1", "worker_crashed", "firing")
+    assert alert["log_tail_cut_chars"] == 1 << 20
+    assert len(pair["pages"]) == 4096  # stored as one range, read back whole
+
+
+def test_a_record_the_writer_cannot_encode_is_lost_alone_and_the_writer_goes_on(tmp_path):
+    journal = _journal(tmp_path / "j.sqlite")
+
+    class Hostile:
+        def __str__(self):
+            raise RuntimeError("no")
+
+    journal.event("engine", "reconfigure_requested", time.time(), {"changes": {b"model": 1}})  # bytes keys
+    journal.event("engine", "odd", time.time(), {"value": Hostile()})
+    journal.event("r1", "admitted", time.time(), {"slot": 1})
+    assert journal.sync(10)
+    assert journal.alive and journal.lost == 1 and "odd" not in (journal.error or "")
+    assert "RuntimeError" in journal.item_error
+    journal.close()
+    with JournalReader(tmp_path / "j.sqlite") as reader:
+        events = [(e["subject"], e["event"]) for e in reader.events()]
+    assert ("engine", "reconfigure_requested") in events and ("r1", "admitted") in events
 
 
 def test_a_file_that_is_not_a_journal_is_named(tmp_path):
