@@ -414,11 +414,11 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         if len(rows) == 1:  # a refresh that drops the selection keeps the detail on screen
             self.alert_detail.show_alert(rows[0])
 
-    def _ask_scope(self, since: float, until: float) -> None:
+    def _ask_scope(self, since: float, until: float, run: str = "") -> None:
         if self.snapshot is not None:  # answered from the bundle
             self.alert_detail.show_scope(scope_pairs(self.snapshot, since, until))
             return
-        self._scope_ticket = self.request("scope", since=since, until=until)
+        self._scope_ticket = self.request("scope", since=since, until=until, **({"run": run} if run else {}))
 
     def select_request(self, request_id: str) -> None:
         """Select a request everywhere: the page maps highlight it, the table shows it."""

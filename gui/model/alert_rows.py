@@ -38,6 +38,7 @@ class AlertRow:
     alert_id: str = ""  # the engine's `id`, which every episode of the alert shares ("" = id)
     episode: int | None = None
     previous_run: bool = False  # read back by the engine from an earlier run's journal
+    run: str = ""  # the engine run that raised it, where the engine says ("" = the one answering now)
     requests_total: int | None = None  # requests the episode named in all (None: the list is all)
     pages_total: int | None = None
     marker: bool = False  # not an alert: the app's note that the engine restarted here
@@ -97,6 +98,7 @@ def alert_row(msg) -> AlertRow:
         [int(p) for p in msg.get("pages") or []], str(msg.get("detail", "")), msg.get("pool"),
         alert_id=engine_id, episode=episode if isinstance(episode, int) and not isinstance(episode, bool) else None,
         previous_run=bool(msg.get("previous_run", False)),
+        run=str(msg.get("run") or "") if msg.get("previous_run") else "",
         requests_total=_count(msg.get("requests_total")), pages_total=_count(msg.get("pages_total")),
     )
 

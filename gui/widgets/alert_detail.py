@@ -59,7 +59,7 @@ def runbook_html(kind: str) -> str:
 
 
 class AlertDetail(StateView, QWidget):
-    scope_requested = Signal(float, float)  # since, until (wall-clock seconds)
+    scope_requested = Signal(float, float, str)  # since, until (wall-clock seconds), run ("": this run)
     request_clicked = Signal(str)
 
     def __init__(self, state: EngineState, parent=None):
@@ -122,7 +122,8 @@ class AlertDetail(StateView, QWidget):
     def _ask_scope(self) -> None:
         self._scope_asked_at = time.monotonic()
         alert = self.alert
-        self.scope_requested.emit(alert.first_seen - SCOPE_MARGIN_S, alert.last_seen + SCOPE_MARGIN_S)
+        # an earlier run's episode: its scope is in the engine's journal, not in its memory
+        self.scope_requested.emit(alert.first_seen - SCOPE_MARGIN_S, alert.last_seen + SCOPE_MARGIN_S, alert.run)
 
     def show_scope(self, pairs: list[dict]) -> None:
         self.pairs = pairs
