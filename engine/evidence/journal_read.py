@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from engine.evidence import schema
+from engine.guard.read_log import sorted_pairs
 
 TERMINAL = ("finished", "failed", "cancelled", "rejected")  # request events that end its lifecycle
 READ_BUDGET_S = 120.0  # one reader's SQL time in all: a hostile file cannot make it run forever
@@ -87,6 +88,18 @@ class JournalReader:
                         "config": _loads(config) or {}, "last_write": last_write})
         return out
 
+    def _select(self, what: str, runs, since, until, columns: tuple[str, str] = ("time", "time")) -> tuple[str, tuple]:
+        """SELECT `what` of the runs (None: all) in [since, until]: a row counts when its
+        columns[0] (its last time) is at or after since and its columns[1] (its first) at or
+        before until."""
+        where, args = self._run_filter(runs)
+        sql = f"SELECT {what} WHERE {where}"
+        if since is not None:
+            sql, args = sql + f" AND {columns[0]} >= ?", (*args, since)
+        if until is not None:
+            sql, args = sql + f" AND {columns[1]} <= ?", (*args, until)
+        return sql, args
+
     def _run_filter(self, runs) -> tuple[str, tuple]:
         if runs is None:
             return "1=1", ()
@@ -96,12 +109,7 @@ class JournalReader:
     # ---- alerts ------------------------------------------------------------------------
     def alerts(self, runs=None, since: float | None = None, until: float | None = None) -> list[dict]:
         """Every alert episode (its newest state), oldest first, each with its `run`."""
-        where, args = self._run_filter(runs)
-        sql = f"SELECT run, record FROM alerts WHERE {where}"
-        if since is not None:
-            sql, args = sql + " AND last_seen >= ?", (*args, since)
-        if until is not None:
-            sql, args = sql + " AND first_seen <= ?", (*args, until)
+        sql, args = self._select("run, record FROM alerts", runs, since, until, ("last_seen", "first_seen"))
         out = []
         for run, record in self._rows(sql + " ORDER BY first_seen", args):
             record = _loads(record)
@@ -115,13 +123,8 @@ class JournalReader:
         """Affected pairs in [since, until], as the engine's `scope` answers them (a second
         partly inside the window counts whole), with tenants and the run; sorted by run, then
         (source slot, reader slot)."""
-        where, args = self._run_filter(runs)
-        sql = (f"SELECT run, source_slot, reader_slot, source, reader, source_tenant, reader_tenant, first, last, "
-               f"reads, pages FROM crossings WHERE {where}")
-        if since is not None:
-            sql, args = sql + " AND last >= ?", (*args, since)
-        if until is not None:
-            sql, args = sql + " AND first <= ?", (*args, until)
+        sql, args = self._select("run, source_slot, reader_slot, source, reader, source_tenant, reader_tenant, "
+                                 "first, last, reads, pages FROM crossings", runs, since, until, ("last", "first"))
         pairs: dict[tuple, dict] = {}
         for run, s_slot, r_slot, source, reader, s_tenant, r_tenant, first, last, reads, pages in self._rows(sql, args):
             if not all(isinstance(v, (int, float)) for v in (first, last, reads, s_slot, r_slot)):
@@ -138,22 +141,12 @@ class JournalReader:
             pair["pages"] |= _pages(_loads(pages))
             pair["first"], pair["last"] = min(pair["first"], first), max(pair["last"], last)
             pair["reads"] += reads
-        out = []
-        for key in sorted(pairs):
-            pair = pairs[key]
-            pair["pages"] = [[pool, page] for pool, page in sorted(pair["pages"])]
-            out.append(pair)
-        return out
+        return sorted_pairs(pairs)
 
     # ---- requests and engine events ------------------------------------------------------
     def events(self, since: float | None = None, until: float | None = None, runs=None) -> list[dict]:
         """Every event in [since, until]: {run, time, subject, event, **fields}, in order."""
-        where, args = self._run_filter(runs)
-        sql = f"SELECT run, time, subject, event, fields FROM events WHERE {where}"
-        if since is not None:
-            sql, args = sql + " AND time >= ?", (*args, since)
-        if until is not None:
-            sql, args = sql + " AND time <= ?", (*args, until)
+        sql, args = self._select("run, time, subject, event, fields FROM events", runs, since, until)
         out = []
         for run, when, subject, event, fields in self._rows(sql + " ORDER BY seq", args):
             fields = _loads(fields)
@@ -209,12 +202,7 @@ class JournalReader:
         return int(self._rows(sql, args)[0][0])
 
     def _keyframe_query(self, columns: str, since, until, runs) -> tuple[str, tuple]:
-        where, args = self._run_filter(runs)
-        sql = f"SELECT {columns} FROM keyframes WHERE {where}"
-        if since is not None:
-            sql, args = sql + " AND time >= ?", (*args, since)
-        if until is not None:
-            sql, args = sql + " AND time <= ?", (*args, until)
+        sql, args = self._select(f"{columns} FROM keyframes", runs, since, until)
         return (sql if columns.startswith("COUNT") else sql + " ORDER BY time"), args
 
     def prunes(self) -> list[dict]:

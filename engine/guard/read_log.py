@@ -116,12 +116,7 @@ class ReadLog:
             pair["pages"] |= b.pages
             pair["first"], pair["last"] = min(pair["first"], b.first), max(pair["last"], b.last)
             pair["reads"] += b.reads
-        out = []
-        for key in sorted(pairs):
-            pair = pairs[key]
-            pair["pages"] = [[pool, page] for pool, page in sorted(pair["pages"])]
-            out.append(pair)
-        return out
+        return sorted_pairs(pairs)
 
     def incomplete_before(self, since: float | None) -> float | None:
         """The time before which reads in a window starting at `since` were dropped (None: the
@@ -129,3 +124,14 @@ class ReadLog:
         if self.complete_since is None or (since is not None and since > self.complete_since):
             return None
         return self.complete_since
+
+
+def sorted_pairs(pairs: dict) -> list[dict]:
+    """Affected pairs keyed by (..., source slot, reader slot), in key order, each one's page
+    set as a sorted [[pool, page], ...] list (the shape `scope` answers in)."""
+    out = []
+    for key in sorted(pairs):
+        pair = pairs[key]
+        pair["pages"] = [[pool, page] for pool, page in sorted(pair["pages"])]
+        out.append(pair)
+    return out
