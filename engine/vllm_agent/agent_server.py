@@ -57,6 +57,7 @@ class AgentServer:
         self.started = time.time()
         self.counters = collections.Counter()
         self._queue: collections.deque[PoolSnapshot] = collections.deque()
+        self._alerts_in: list[tuple] = []
         self._lock = threading.Lock()
         self._keyframe_asked = True
         self._last_keyframe = 0.0
@@ -84,6 +85,12 @@ class AgentServer:
                 self.counters["snapshots_dropped"] += 1
             self._queue.append(snap)
 
+    def offer_alert(self, kind: str, detail: str, *, subject: str, requests=(), pages=(), **fields) -> None:
+        """An alert found on vLLM's scheduler thread (the verifying connector's failed transfer
+        checks), raised here on the agent's thread; its pages show quarantined on the map."""
+        with self._lock:
+            self._alerts_in.append((kind, detail, subject, tuple(requests), tuple(pages), fields))
+
     def close(self) -> None:
         self._running = False
         self._thread.join(timeout=5)
@@ -105,8 +112,16 @@ class AgentServer:
                     self._answer(frames)
             with self._lock:
                 snaps, self._queue = list(self._queue), collections.deque()
+                found, self._alerts_in = self._alerts_in, []
             for snap in snaps:
                 self._fold(snap)
+            for kind, detail, subject, requests, pages, fields in found:
+                self.counters[f"findings:{kind}"] += 1
+                self.alerts.fire(kind, "critical", detail, subject=subject, requests=requests, pages=pages,
+                                 pool=POOL, **fields)
+                changed = self.book.quarantine(pages)
+                if len(changed):
+                    self._pending.append(changed)
             self._publish_pages()
             self._publish_metrics()
             self.alerts.expire()

@@ -9,7 +9,8 @@ live requests hold the block):
   cache hit (the block comes back with the content hash it was freed with) keeps the request
   that computed it; a free block keeps its last writer (the GUI shows "last held by");
 - filled: tokens of the oldest holder in the block;
-- state: WRITTEN while held, FREE otherwise.
+- state: WRITTEN while held, FREE otherwise; QUARANTINED from a failed transfer check
+  (`quarantine`) until the block is rewritten or freed.
 
 Slots are this agent's own numbers for vLLM's request ids (vLLM has none).
 """
@@ -43,6 +44,18 @@ class PageBook:
         self._records: dict[str, dict] = {}  # live requests' last published record
         self._order: dict[str, None] = {}  # request ids in arrival order (oldest holder first)
         self._last_hash: dict[int, bytes | None] = {}  # held block -> its hash at the last snapshot
+        # block -> snapshots that showed it held since its transfer check failed. vLLM recomputes
+        # a failed block in the next step (the snapshot then shows it scheduled) and the one
+        # after that has run it: two snapshots held means rewritten.
+        self.quarantined: dict[int, int] = {}
+
+    def quarantine(self, block_ids) -> np.ndarray:
+        """Blocks whose loaded content failed its check: QUARANTINED until rewritten or freed."""
+        index = [b for b in block_ids if 0 <= b < self.num_blocks]
+        for b in index:
+            self.quarantined[b] = 0
+            self.arrays["state"][b] = PageState.QUARANTINED
+        return np.asarray(sorted(set(index)), dtype=np.int32)
 
     def slot_of(self, request_id: str) -> int:
         slot = self.slots.get(request_id)
@@ -81,7 +94,7 @@ class PageBook:
                 if not reused:
                     a["writer"][block_id] = pack_tag(first, int(a["epoch"][block_id]))
             a["owner"][block_id] = first
-            a["state"][block_id] = PageState.WRITTEN
+            a["state"][block_id] = PageState.QUARANTINED if block_id in self.quarantined else PageState.WRITTEN
             a["filled"][block_id] = filled
             self.refs[block_id] = len(holders)
             self._held[block_id] = holders
@@ -93,6 +106,13 @@ class PageBook:
             a["state"][block_id] = PageState.FREE
             self.refs[block_id] = 0
             changed.append(block_id)
+        for block_id in list(self.quarantined):
+            self.quarantined[block_id] += 1
+            if block_id not in self._held or self.quarantined[block_id] >= 2:
+                del self.quarantined[block_id]
+                if block_id in self._held:
+                    a["state"][block_id] = PageState.WRITTEN
+                changed.append(block_id)
         self._last_hash = {b: v.block_hash for b, v in snap.blocks.items()}
         return np.asarray(sorted(changed), dtype=np.int32), self._request_records(snap)
 
