@@ -32,7 +32,7 @@ extra config keys: inner (required), verify (default true; false keeps the bookk
 checks nothing, for measuring), agent (optional: PageWardenConnector's extra config; the
 agent then runs beside, maps the pool and raises the alerts), test_fault (tests only, needs
 PAGEWARDEN_ALLOW_FAULTS=1: "short_transfer" makes each consumer load leave its last
-`fault_blocks` blocks (default 2) unwritten while the inner reports it done).
+`fault_blocks` blocks (default 2; never the first) unwritten while the inner reports it done).
 
 Only one KV cache group and tensor parallel 1 have been run (vLLM 0.32 CPU).
 """
@@ -256,7 +256,13 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
     def _fault_before(self, tasks: list[CheckTask], layers):
         if self.fault != "short_transfer":
             return None
-        ids = [b for t in tasks for b in t.blocks.block_ids[-self.fault_blocks:]]
+        ids = []
+        for task in tasks:  # the first loaded block stays written: the reply starts out right
+            left = task.blocks.block_ids[max(1, len(task.blocks.block_ids) - self.fault_blocks):]
+            if left:
+                ids += left
+                logger.warning("PageWarden test fault short_transfer: request %s: blocks %s left unwritten, the "
+                               "load reported finished", task.blocks.request_id, left)
         return (ids, copy_blocks(layers, ids)) if ids else None
 
     @staticmethod
