@@ -1,5 +1,5 @@
 """The CPU kernels in csrc/ (the decode plan, decode attention in place, prefill attention,
-RMSNorm, RoPE): one C++ module.
+RMSNorm, RoPE, the KV block digest): one C++ module.
 
 Compiled once per machine with torch.utils.cpp_extension (g++ and ninja; 1–2 minutes on 2 cores) into
 torch's extension cache (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). `make`
@@ -26,7 +26,7 @@ ENV_VAR = "PAGEWARDEN_CPU_KERNELS"
 MODES = ("auto", "reference")
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = tuple(CSRC / name for name in (
-    "bindings.cpp", "decode_plan_cpu.cpp", "attention_cpu.cpp", "norm_rope_cpu.cpp"))
+    "bindings.cpp", "decode_plan_cpu.cpp", "attention_cpu.cpp", "norm_rope_cpu.cpp", "block_digest_cpu.cpp"))
 # -march=native: the build is for the machine that runs it (the cache is per machine).
 # -ffp-contract=off: a*b + c stays two roundings, as in torch's eager ops (RoPE matches them
 # bit for bit); the attention's vector paths (AVX-512, AVX2) ask for their FMAs explicitly.

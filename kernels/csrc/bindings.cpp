@@ -14,5 +14,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_rows", &attention_rows, "rows attended since load on each path: {'plain': n, 'vector': n}");
   m.def("plan_tags", &plan_tags, "the decode step's I1 plan: pages, blocked slots, violations, foreign, empty rows");
   m.def("rms_norm", &rms_norm, "x * rsqrt(mean(x^2) + eps) * weight over the last dim, float32");
+  m.def("block_digest", &block_digest, "64-bit digest of each block's first valid rows (kernels/block_digest_ref.py)");
   m.def("rope_", &rope_, "rotary embedding (rotate-half convention) applied in place");
 }

@@ -24,5 +24,8 @@ std::vector<torch::Tensor> plan_tags(torch::Tensor block_table, torch::Tensor ex
                                      torch::Tensor token_writer, int64_t num_pages_seq, bool check_tags,
                                      bool mask_foreign);
 
+// block_digest_cpu.cpp: uint64 [n], one digest per block of rows (a uint8 [blocks, rows, segments, bytes] view)
+torch::Tensor block_digest(torch::Tensor rows, torch::Tensor block_ids, torch::Tensor valid_rows);
+
 // bindings.cpp: a tensor's dtype and device, named in the error when they are wrong
 void check_tensor(const torch::Tensor& t, c10::ScalarType dtype, const char* name);

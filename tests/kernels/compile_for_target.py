@@ -100,14 +100,16 @@ class MissingTool(RuntimeError):
 
 
 def jit_kernel_names() -> set[str]:
-    """Every function decorated with @triton.jit in kernels/*_triton.py (read from the source)."""
+    """Every kernel decorated with @triton.jit in kernels/*_triton.py (read from the source);
+    a jit function that another one calls is a device helper, compiled inside its callers."""
     names = set()
     for path in sorted(KERNELS_DIR.glob("*_triton.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef) and any(
-                ast.unparse(dec).split("(")[0] in ("triton.jit", "jit") for dec in node.decorator_list
-            ):
-                names.add(node.name)
+        jitted = [node for node in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(node, ast.FunctionDef) and any(
+                      ast.unparse(dec).split("(")[0] in ("triton.jit", "jit") for dec in node.decorator_list)]
+        called = {call.func.id for fn in jitted for call in ast.walk(fn)
+                  if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)}
+        names.update(fn.name for fn in jitted if fn.name not in called)
     return names
 
 
@@ -159,8 +161,8 @@ def _tuples(value):
 def launch_requests(target: GPUTarget, shape: Shape) -> dict[str, list[CompileRequest]]:
     """Call every launcher at `shape` with engine-laid-out CPU tensors; return the compile
     requests each made, by launch name (one launcher may run several kernels)."""
-    attention, store, scrub = (importlib.import_module(f"kernels.{stem}")
-                               for stem in ("paged_attention_triton", "kv_store_triton", "scrub_triton"))
+    attention, store, scrub, digest = (importlib.import_module(f"kernels.{stem}") for stem in (
+        "paged_attention_triton", "kv_store_triton", "scrub_triton", "block_digest_triton"))
     dtype, d, ps, kv = DTYPES[shape.dtype], shape.head_dim, shape.page_size, NUM_KV_HEADS
     heads = kv * shape.group
     # page-major pool, data[page, layer, k|v, token, kv_head, dim], as engine/kv/page_pool.py
@@ -180,6 +182,7 @@ def launch_requests(target: GPUTarget, shape: Shape) -> dict[str, list[CompileRe
     slots = torch.zeros(BATCH, dtype=torch.int64)
     tags = torch.zeros(BATCH, dtype=torch.int64)
     pages = torch.zeros(3, dtype=torch.int64)
+    valid = torch.full((3,), ps, dtype=torch.int32)
     launches = {
         "decode": lambda: attention.paged_decode_attention(
             q, k_cache, v_cache, block_table, expected, seq_lens, token_writer,
@@ -190,6 +193,11 @@ def launch_requests(target: GPUTarget, shape: Shape) -> dict[str, list[CompileRe
         "store": lambda: store.store_kv(k_cache, v_cache, k, v, slots, tags, writer, filled, token_writer,
                                         stamp=False),
         "scrub": lambda: scrub.scrub_pages(data, pages, 0.0),
+        # the transfer digest over one layer's K, over K and V of a block as one row of two
+        # segments, and over rows that are not whole 8-byte chunks (read byte by byte)
+        "digest": lambda: digest.block_digest(k_cache, pages, valid),
+        "digest k+v": lambda: digest.block_digest(data[:, 1].transpose(1, 2), pages, valid),
+        "digest odd rows": lambda: digest.block_digest(k_cache[..., : d - 1], pages, valid),
     }
     found = {}
     for name, launch in launches.items():

@@ -43,6 +43,9 @@ LAUNCHED = [
     ("store stamp", "_store_kv_kernel"),
     ("store", "_store_kv_kernel"),
     ("scrub", "_scrub_pages_kernel"),
+    ("digest", "_digest_words_kernel"),
+    ("digest k+v", "_digest_words_kernel"),
+    ("digest odd rows", "_digest_bytes_kernel"),
 ]
 
 
