@@ -20,6 +20,8 @@ _TILE = 1024  # chunks per program and loop step: rows x chunks
 _MAX_CHUNKS = 512
 _BYTE_CHUNKS = 64
 _NUM_WARPS = 4
+# integers only; pinned because Triton 3.9 warns when it is left to the default
+_FP_FUSION = False
 
 
 @triton.jit
@@ -119,11 +121,12 @@ def block_digest(blocks: torch.Tensor, block_ids: torch.Tensor, valid_rows: torc
         tile_rows = min(max(1, _TILE // chunks), triton.next_power_of_2(per_block))
         grid = (ids.numel(), triton.cdiv(per_block, tile_rows))
         _digest_words_kernel[grid](words, ids, valid, out, num_blocks, per_block, *words.stride()[:3],
-                                   segments, words.shape[3], ROWS=tile_rows, CHUNKS=chunks, num_warps=_NUM_WARPS)
+                                   segments, words.shape[3], ROWS=tile_rows, CHUNKS=chunks, num_warps=_NUM_WARPS,
+                                   enable_fp_fusion=_FP_FUSION)
     else:
         tile_rows = min(4, triton.next_power_of_2(per_block))
         grid = (ids.numel(), triton.cdiv(per_block, tile_rows))
         _digest_bytes_kernel[grid](rows, ids, valid, out, num_blocks, per_block, *rows.stride()[:3],
                                    segment_bytes, segments * segment_bytes, ROWS=tile_rows, CHUNKS=_BYTE_CHUNKS,
-                                   num_warps=_NUM_WARPS)
+                                   num_warps=_NUM_WARPS, enable_fp_fusion=_FP_FUSION)
     return out.view(torch.uint64)
