@@ -27,6 +27,13 @@ from engine.client.local_server import LocalServer, write_config  # noqa: E402
 from tests.hf_checkpoints import ARCH_CASES, write_random_checkpoint  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _own_state_dir(tmp_path_factory, monkeypatch):
+    """Each test's engines keep their journals apart: an engine that finds an earlier test's
+    journal would show that test's alerts as its previous run (which is the feature)."""
+    monkeypatch.setenv("PAGEWARDEN_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+
+
 @pytest.fixture(scope="session")
 def checkpoint_dirs(tmp_path_factory) -> dict[str, Path]:
     """One random HF checkpoint per case of ARCH_CASES, written by transformers itself."""
