@@ -105,3 +105,17 @@ def test_a_hostile_journal_is_refused_or_read_within_bounds(tmp_path):
     done = subprocess.run([sys.executable, "main.py", "evidence", "--journal", str(deep), "--json"], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr  # the damaged rows are skipped, nothing crossed is claimed
+
+
+def test_auto_names_one_journal_per_engine_that_a_restart_finds_again(tmp_path, monkeypatch):
+    from engine.server.evidence_feed import journal_path
+
+    monkeypatch.setenv("PAGEWARDEN_STATE_DIR", str(tmp_path))
+    fixed = journal_path("auto", "tcp://127.0.0.1:5650", "/etc/pw/a.toml")
+    assert fixed == tmp_path / "engine-tcp-127-0-0-1-5650.sqlite"
+    assert journal_path("auto", "tcp://127.0.0.1:5650", "/etc/pw/b.toml") == fixed  # the endpoint names it
+    hosted = journal_path("auto", "tcp://127.0.0.1:0", "/etc/pw/a.toml")  # a random port: the config names it
+    assert hosted == journal_path("auto", "tcp://127.0.0.1:0", "/etc/pw/a.toml") != fixed
+    assert hosted != journal_path("auto", "tcp://127.0.0.1:0", "/etc/pw/b.toml")
+    assert journal_path("", "tcp://127.0.0.1:5650", "x") is None
+    assert journal_path("~/j.sqlite", "tcp://127.0.0.1:0", "x").name == "j.sqlite"
