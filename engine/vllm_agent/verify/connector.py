@@ -162,6 +162,9 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches) -> None:
         self._layers = dict(kv_caches)
         self.inner.register_kv_caches(kv_caches)
+        if self._layers:  # at start, not in the first request's step: the CPU module may build here
+            name, kv = next(iter(self._layers.items()))
+            layer_digests(kv, [0], [self.block_size], self.block_size)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
@@ -188,7 +191,11 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
         self.inner.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
         for task in self._get_connector_metadata().digest:
-            found, ok = layer_digests(kv_layer, task.block_ids, task.rows, self.block_size)
+            try:
+                found, ok = layer_digests(kv_layer, task.block_ids, task.rows, self.block_size)
+            except Exception:  # no digest, no trust: the manifest leaves without digests
+                logger.exception("PageWarden: digesting request %s's blocks failed", task.request_id)
+                continue
             for i, position in enumerate(task.positions):
                 per_layer = self._layer_digests.setdefault((task.request_id, position), {})
                 per_layer[layer_name] = (int(found[i]), bool(ok[i]))
@@ -239,7 +246,11 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
         if task.expected is None:
             bad, found = list(range(len(blocks.block_ids))), []
         else:
-            digests, ok = digest_blocks(layers, blocks.block_ids, blocks.rows, self.block_size)
+            try:
+                digests, ok = digest_blocks(layers, blocks.block_ids, blocks.rows, self.block_size)
+            except Exception:  # a check that cannot run fails its blocks; it never takes vLLM down
+                logger.exception("PageWarden: checking request %s's loaded blocks failed", blocks.request_id)
+                digests, ok = [0] * len(blocks.block_ids), [False] * len(blocks.block_ids)
             found = [int(d) for d in digests]
             bad = [i for i, want in enumerate(task.expected) if not ok[i] or found[i] != want]
         finding = {"request": blocks.request_id, "checked": len(blocks.block_ids), "reason": task.reason,

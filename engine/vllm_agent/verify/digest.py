@@ -9,12 +9,13 @@ whether the producer computed them right).
 
 Layouts: vLLM's CPU attention keeps a layer as [blocks, kv_heads, block_size, 2 * head_size]
 (keys in the first block_size "rows" of each head's [2 * block_size, head_size] view, values
-after); the CUDA flash layout is [2, blocks, block_size, kv_heads, head_size]. Both are
-gathered to [n, block_size, row_elems] token rows. Other layouts are digested whole-block:
-full blocks only.
+after); the CUDA flash layout is [2, blocks, block_size, kv_heads, head_size]. Both are viewed
+in place as [blocks, block_size, 2, kv_heads, head_size] token rows, so the two layouts digest
+the same tokens alike. Other layouts are digested whole-block: full
+blocks only.
 
-`block_digest` is the one function that turns rows into digests: a torch reference here,
-swapped for the CPU module / Triton kernels' dispatcher when those land.
+The digest itself is kernels.block_digest (the C++ module on CPU, Triton on CUDA, the torch
+reference elsewhere), reading the blocks in place.
 
 torch only (no vLLM).
 """
@@ -26,31 +27,23 @@ import hashlib
 import numpy as np
 import torch
 
-
-def block_digest(blocks: torch.Tensor, block_ids: torch.Tensor, valid_rows: torch.Tensor) -> np.ndarray:
-    """uint64[n]: a digest of blocks[block_ids[i], :valid_rows[i]] (bytes and row count) each.
-    blocks: [num_blocks, rows, row_elems], any dtype, contiguous."""
-    out = np.zeros(len(block_ids), dtype=np.uint64)
-    host = blocks.detach().cpu()
-    for i, (b, r) in enumerate(zip(block_ids.tolist(), valid_rows.tolist())):
-        h = hashlib.blake2b(host[b, :r].contiguous().view(torch.uint8).numpy().tobytes(), digest_size=8,
-                            person=r.to_bytes(8, "little"))
-        out[i] = int.from_bytes(h.digest(), "little")
-    return out
+from kernels.block_digest import block_digest
 
 
-def token_rows(kv_layer: torch.Tensor, block_ids: list[int], block_size: int) -> torch.Tensor | None:
-    """The blocks' token rows as [n, block_size, row_elems] (a copy of those blocks only), or
-    None for a layout this does not know."""
-    index = torch.as_tensor(block_ids, dtype=torch.long, device=kv_layer.device)
+def token_rows(kv_layer: torch.Tensor, block_size: int) -> torch.Tensor | None:
+    """The whole layer as [num_blocks, block_size, ...] token rows, a view (no copy), or None
+    for a layout this does not know."""
     if kv_layer.dim() == 4 and kv_layer.shape[2] == block_size and kv_layer.shape[3] % 2 == 0:  # CPU
-        n, heads, head2 = len(block_ids), kv_layer.shape[1], kv_layer.shape[3]
-        picked = kv_layer.index_select(0, index).view(n, heads, 2, block_size, head2 // 2)
-        return picked.permute(0, 3, 1, 2, 4).reshape(n, block_size, -1)
+        blocks, heads, head2 = kv_layer.shape[0], kv_layer.shape[1], kv_layer.shape[3]
+        # rows as [2, heads, head] (K then V), as the flash layout's: either side may run either
+        return kv_layer.view(blocks, heads, 2, block_size, head2 // 2).permute(0, 3, 2, 1, 4)
     if kv_layer.dim() == 5 and kv_layer.shape[0] == 2 and kv_layer.shape[2] == block_size:  # flash
-        picked = kv_layer.index_select(1, index)
-        return picked.permute(1, 2, 0, 3, 4).reshape(len(block_ids), block_size, -1)
+        return kv_layer.permute(1, 2, 0, 3, 4)
     return None
+
+
+def _u64(digests: torch.Tensor) -> np.ndarray:
+    return np.asarray(digests.view(torch.int64).cpu().tolist(), dtype=np.int64).view(np.uint64)
 
 
 def layer_digests(kv_layer: torch.Tensor, block_ids: list[int], rows: list[int],
@@ -60,14 +53,13 @@ def layer_digests(kv_layer: torch.Tensor, block_ids: list[int], rows: list[int],
     ok = np.ones(len(block_ids), dtype=bool)
     if not block_ids:
         return np.zeros(0, dtype=np.uint64), ok
-    view = token_rows(kv_layer, block_ids, block_size)
+    ids = torch.as_tensor(block_ids, dtype=torch.int64, device=kv_layer.device)
+    view = token_rows(kv_layer, block_size)
     if view is None:
-        whole = kv_layer.index_select(0, torch.as_tensor(block_ids, device=kv_layer.device))
         ok = np.asarray(rows) == block_size
-        out = block_digest(whole.reshape(len(block_ids), 1, -1).contiguous(), torch.arange(len(block_ids)),
-                           torch.ones(len(block_ids), dtype=torch.long))
-        return out, ok
-    return block_digest(view.contiguous(), torch.arange(len(block_ids)), torch.as_tensor(rows)), ok
+        whole = kv_layer.reshape(kv_layer.shape[0], 1, -1)
+        return _u64(block_digest(whole, ids, torch.ones_like(ids))), ok
+    return _u64(block_digest(view, ids, torch.as_tensor(rows, dtype=torch.int64, device=kv_layer.device))), ok
 
 
 def combine(per_layer: list[tuple[str, np.ndarray]]) -> np.ndarray:

@@ -104,14 +104,21 @@ def test_the_same_bytes_in_other_block_ids_give_the_same_digest_and_a_changed_ro
 
 def test_a_partial_block_digest_covers_only_its_rows():
     layer = cpu_layer()
-    rows = digest.token_rows(layer, [3], BS)  # [1, bs, heads * 2 * head]
+    rows = digest.token_rows(layer, BS)  # [blocks, bs, 2, heads, head], a view
     before = digest.digest_blocks({"l": layer}, [3], [4], BS)[0][0]
     view = layer.view(6, 1, 2, BS, 8)
     view[3, :, :, 10] = 7.0  # token 10's key and value: past the 4 valid rows
     assert digest.digest_blocks({"l": layer}, [3], [4], BS)[0][0] == before
     view[3, :, 1, 2] = 7.0  # token 2's value
     assert digest.digest_blocks({"l": layer}, [3], [4], BS)[0][0] != before
-    assert rows.shape == (1, BS, 16)
+    assert rows.shape == (6, BS, 2, 1, 8) and rows.data_ptr() == layer.data_ptr()
+
+
+def test_the_cpu_and_flash_layouts_of_the_same_tokens_digest_alike():
+    cpu = cpu_layer(blocks=4, heads=2)
+    flash = cpu.view(4, 2, 2, BS, 8).permute(2, 0, 3, 1, 4).contiguous()  # [2, blocks, bs, heads, head]
+    assert digest.digest_blocks({"l": cpu}, [1, 3], [BS, 9], BS)[0].tolist() == \
+        digest.digest_blocks({"l": flash}, [1, 3], [BS, 9], BS)[0].tolist()
 
 
 def test_the_flash_layout_and_an_unknown_layout():
