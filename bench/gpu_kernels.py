@@ -1,11 +1,13 @@
 """Decode-attention bandwidth on one GPU: the Triton paged kernel (tag check on and off)
-against device copy bandwidth and a dense torch baseline.
+against device copy bandwidth and a dense torch baseline; and the KV block digest's bytes
+per second against a plain copy of the same blocks (bench/block_digest.py is the CPU's).
 
     python bench/gpu_kernels.py [--json results.json]   # on a CUDA machine, < 5 minutes
     python bench/gpu_kernels.py --smoke                 # tiny shapes, CPU, Triton interpreter
 
 Goals printed with the results: >= 80% of copy bandwidth at batch >= 16 and context >= 4k,
-and the tag check costing at most 5% (check on / check off <= 1.05).
+the tag check costing at most 5% (check on / check off <= 1.05), and the digest reading at
+>= 80% of copy bandwidth at >= 16k blocks.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 COPY_GOAL = 0.80
 CHECK_OVERHEAD_GOAL = 1.05
+DIGEST_GOAL = 0.80  # digest bytes read / device copy bandwidth (read + write), at >= DIGEST_GOAL_BLOCKS
+DIGEST_GOAL_BLOCKS = 16384
 
 
 @dataclass(frozen=True)
@@ -44,12 +48,14 @@ class Setup:
     calls: int  # back-to-back calls per round
     partition_size: int
     tolerance: float
+    digest_blocks: tuple[int, ...] = (1024, 16384, 65536)
 
 
 GPU = Setup("cuda", torch.bfloat16, 32, 8, 128, 16, 2, (1, 16, 64), (1024, 4096, 16384),
             copy_bytes=2 << 30, rounds=7, calls=20, partition_size=512, tolerance=3e-2)
 SMOKE = Setup("cpu", torch.float32, 4, 2, 16, 4, 2, (1, 2), (16, 40),
-              copy_bytes=1 << 20, rounds=1, calls=2, partition_size=16, tolerance=1e-4)
+              copy_bytes=1 << 20, rounds=1, calls=2, partition_size=16, tolerance=1e-4,
+              digest_blocks=(16, 64))
 
 
 @dataclass
@@ -177,6 +183,64 @@ def measure_shape(setup, kernels, data, token_writer, copy_gbps, batch, context)
     )
 
 
+@dataclass
+class DigestRow:
+    layout: str
+    blocks: int
+    digest_us: float
+    copy_us: float
+    digest_gbps: float  # bytes of the blocks digested (read once) per second
+    copy_gbps: float  # bytes of the same blocks copied by index_select (read and written) per second
+    copy_fraction: float  # digest_gbps / device copy bandwidth (read + write)
+
+
+def digest_views(data) -> dict:
+    """The views a KV connector digests: one layer's K, and K and V of a block as one row."""
+    return {"K": data[:, 0, 0], "K+V": data[:, 0].transpose(1, 2)}
+
+
+def measure_digest(setup, digest, data, copy_gbps, layout, blocks) -> DigestRow:
+    """The Triton digest of `blocks` random pages of a view against index_select of the same
+    pages into a buffer allocated once, interleaved; exits on any bit that differs from the
+    torch reference."""
+    from kernels import block_digest_ref
+
+    view = digest_views(data)[layout]
+    # the digest's entries come from the host, as a connector's block ids do (checked there,
+    # sent without a sync); index_select's are on the device already
+    ids = torch.randperm(view.shape[0])[:blocks]
+    valid = torch.full((ids.numel(),), view.shape[1], dtype=torch.int32)
+    device_ids = ids.to(setup.device)
+    few = min(256, blocks)  # checked bit for bit on the CPU, over a copy of just these blocks
+    want = block_digest_ref.block_digest(view.index_select(0, device_ids[:few]).cpu(), torch.arange(few),
+                                         valid[:few]).tolist()
+    if digest(view, ids[:few], valid[:few]).cpu().tolist() != want:
+        raise SystemExit(f"digest of {layout} differs from the torch reference")
+    buffer = torch.empty((ids.numel(), *view.shape[1:]), dtype=view.dtype, device=setup.device)
+    digest_us, copy_us = [], []
+    for _ in range(setup.rounds):  # interleaved, so drift hits both alike
+        digest_us += time_us(lambda: digest(view, ids, valid), replace(setup, rounds=1))
+        copy_us += time_us(lambda: torch.index_select(view, 0, device_ids, out=buffer), replace(setup, rounds=1))
+    nbytes = ids.numel() * view[0].numel() * view.element_size()
+    d_us, c_us = statistics.median(digest_us), statistics.median(copy_us)
+    return DigestRow(layout, ids.numel(), d_us, c_us, nbytes / d_us / 1e3, nbytes / c_us / 1e3,
+                     nbytes / d_us / 1e3 / copy_gbps)
+
+
+def print_digest_report(rows) -> None:
+    print("\nKV block digest (Triton), random pages of the pool, full blocks:\n")
+    print("| view | blocks | digest us | copy us | digest GB/s | copy GB/s | digest / copy | % of device copy |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r.layout} | {r.blocks} | {r.digest_us:.1f} | {r.copy_us:.1f} | {r.digest_gbps:.1f} "
+              f"| {r.copy_gbps:.1f} | {r.digest_gbps / r.copy_gbps:.2f} | {100 * r.copy_fraction:.1f}% |")
+    big = [r.copy_fraction for r in rows if r.blocks >= DIGEST_GOAL_BLOCKS]
+    if big:
+        print(f"\nGoal: digest >= {DIGEST_GOAL:.0%} of device copy bandwidth at >= {DIGEST_GOAL_BLOCKS} blocks: "
+              f"{_verdict(min(big) >= DIGEST_GOAL)} (worst {min(big):.1%})")
+    print("note: copy GB/s counts the blocks' bytes once; the device copy bandwidth counts read + write")
+
+
 def print_report(rows, copy_gbps, setup):
     print(f"device copy bandwidth (read + write): {copy_gbps:.1f} GB/s")
     print(f"dtype {str(setup.dtype).removeprefix('torch.')}, {setup.heads} query heads, {setup.kv_heads} kv "
@@ -223,6 +287,7 @@ def main(argv=None) -> int:
         return 2
     if setup.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernel module is imported
+    from kernels.block_digest_triton import block_digest as triton_digest
     from kernels.paged_attention_ref import paged_decode_attention as reference_attention
     from kernels.paged_attention_triton import paged_decode_attention as triton_attention
 
@@ -235,11 +300,15 @@ def main(argv=None) -> int:
         measure_shape(setup, (triton_attention, reference_attention), data, token_writer, copy_gbps, b, c)
         for b in setup.batches for c in setup.contexts
     ]
+    digest_rows = [measure_digest(setup, triton_digest, data, copy_gbps, layout, n)
+                   for layout in digest_views(data) for n in setup.digest_blocks]
     if args.smoke:
         print("smoke run (CPU, Triton interpreter): checks the script end to end; timings mean nothing\n")
     print_report(rows, copy_gbps, setup)
+    print_digest_report(digest_rows)
     if args.json:
-        report = {"seed": seed, "copy_gbps": copy_gbps, "goals": goal_summary(rows), "rows": [asdict(r) for r in rows]}
+        report = {"seed": seed, "copy_gbps": copy_gbps, "goals": goal_summary(rows), "rows": [asdict(r) for r in rows],
+                  "digest_rows": [asdict(r) for r in digest_rows]}
         args.json.write_text(json.dumps(report, indent=2))
     return 0
 

@@ -47,9 +47,12 @@ def _signed(value: int) -> int:
 def validate_digest_inputs(blocks: torch.Tensor, block_ids: torch.Tensor, valid_rows: torch.Tensor):
     """Checks shared by the three implementations, before any block is read.
 
-    Returns (block_ids as int64, valid_rows as int32), both on blocks' device. Raises
-    ValueError naming the first bad entry: a block id outside [0, num_blocks), valid rows
-    outside [0, rows per block], shapes that disagree, or a non-integer index tensor.
+    Returns (block_ids as int64, valid_rows as int32), both on blocks' device. The check runs
+    where the entries are: given on the CPU (vLLM's block ids are host lists) for blocks on a
+    GPU, it needs no host sync, and the entries go over as a private pinned copy without
+    waiting; given on the GPU, it costs one sync. Raises ValueError naming the first bad entry:
+    a block id outside [0, num_blocks), valid rows outside [0, rows per block], shapes that
+    disagree, or a non-integer index tensor.
     """
     if blocks.dim() < 2:
         raise ValueError(f"blocks must be [num_blocks, rows, ...], got shape {tuple(blocks.shape)}")
@@ -58,8 +61,7 @@ def validate_digest_inputs(blocks: torch.Tensor, block_ids: torch.Tensor, valid_
             raise ValueError(f"{name} must be a 1-D integer tensor, got {t.dtype} of shape {tuple(t.shape)}")
     if block_ids.shape != valid_rows.shape:
         raise ValueError(f"block_ids has {block_ids.numel()} entries but valid_rows has {valid_rows.numel()}")
-    ids = block_ids.to(blocks.device, torch.int64)
-    valid = valid_rows.to(blocks.device, torch.int32)
+    ids, valid = block_ids.to(torch.int64), valid_rows.to(torch.int32)
     num_blocks, rows = blocks.shape[0], blocks.shape[1]
     bad = (ids < 0) | (ids >= num_blocks) | (valid < 0) | (valid > rows)
     if ids.numel() and bool(bad.any()):  # one host sync, for a message that names the entry
@@ -68,7 +70,17 @@ def validate_digest_inputs(blocks: torch.Tensor, block_ids: torch.Tensor, valid_
         if not 0 <= block < num_blocks:
             raise ValueError(f"block_ids[{i}] = {block} is out of range for {num_blocks} blocks")
         raise ValueError(f"valid_rows[{i}] = {count} is outside [0, {rows}] (rows per block) for block {block}")
-    return ids, valid
+    return _to(ids, blocks.device), _to(valid, blocks.device)
+
+
+def _to(entries: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if entries.device == device:
+        return entries
+    if entries.device.type == "cpu" and device.type == "cuda":
+        # private, so a caller reusing its tensor cannot race the copy still in flight
+        pinned = torch.empty(entries.shape, dtype=entries.dtype, pin_memory=True).copy_(entries)
+        return pinned.to(device, non_blocking=True)
+    return entries.to(device)
 
 
 def block_digest(blocks: torch.Tensor, block_ids: torch.Tensor, valid_rows: torch.Tensor) -> torch.Tensor:

@@ -206,7 +206,8 @@ def test_bad_entries_are_refused_by_name(built, ids, valid, message, implementat
 
 @pytest.mark.parametrize("call,message", [
     (lambda b: block_digest(b[0, 0], torch.tensor([0]), torch.tensor([1])), r"blocks must be \[num_blocks, rows"),
-    (lambda b: block_digest(b, torch.tensor([0, 1]), torch.tensor([1])), "block_ids has 2 entries but valid_rows has 1"),
+    (lambda b: block_digest(b, torch.tensor([0, 1]), torch.tensor([1])),
+     "block_ids has 2 entries but valid_rows has 1"),
     (lambda b: block_digest(b, torch.tensor([0.0]), torch.tensor([1])), "block_ids must be a 1-D integer tensor"),
     (lambda b: block_digest(b, torch.tensor([[0]]), torch.tensor([[1]])), "block_ids must be a 1-D integer tensor"),
 ])

@@ -19,7 +19,14 @@ pytest.importorskip("triton")
 from kernels import block_digest_ref  # noqa: E402
 from kernels.block_digest_layout import byte_rows, word_rows  # noqa: E402
 from kernels.block_digest_triton import _digest_words_kernel, block_digest  # noqa: E402
-from tests.kernels.block_digest_cases import DTYPES, LAYOUTS, flip_bit, make_blocks, make_entries, row_bytes  # noqa: E402
+from tests.kernels.block_digest_cases import (  # noqa: E402
+    DTYPES,
+    LAYOUTS,
+    flip_bit,
+    make_blocks,
+    make_entries,
+    row_bytes,
+)
 from tests.kernels.test_block_digest import BAD_ENTRIES  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
