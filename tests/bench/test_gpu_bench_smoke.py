@@ -25,3 +25,7 @@ def test_gpu_bench_smoke_prints_result_table(tmp_path):
     assert len(table_rows) == 4, proc.stdout
     results = json.loads(result_file.read_text())
     assert len(results["rows"]) == 4 and all(r["max_rel_err"] < 1e-4 for r in results["rows"])
+    # the KV block digest's table: each row checked bit for bit against the reference first
+    assert "| view | blocks | digest us | copy us | digest GB/s |" in proc.stdout
+    assert [(r["layout"], r["blocks"]) for r in results["digest_rows"]] == [
+        ("K", 16), ("K", 64), ("K+V", 16), ("K+V", 64)]
