@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from engine.evidence import schema
-from engine.guard.read_log import sorted_pairs
+from engine.evidence.scope_pairs import sorted_pairs
 
 TERMINAL = ("finished", "failed", "cancelled", "rejected")  # request events that end its lifecycle
 READ_BUDGET_S = 120.0  # one reader's SQL time in all: a hostile file cannot make it run forever

@@ -15,6 +15,8 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from engine.evidence.scope_pairs import sorted_pairs
+
 MAX_BUCKETS = 200_000
 BUCKET_S = 1.0
 MAX_PAIRS = 100_000  # distinct (source, reader) pairs remembered for "is this pair new?"
@@ -124,14 +126,3 @@ class ReadLog:
         if self.complete_since is None or (since is not None and since > self.complete_since):
             return None
         return self.complete_since
-
-
-def sorted_pairs(pairs: dict) -> list[dict]:
-    """Affected pairs keyed by (..., source slot, reader slot), in key order, each one's page
-    set as a sorted [[pool, page], ...] list (the shape `scope` answers in)."""
-    out = []
-    for key in sorted(pairs):
-        pair = pairs[key]
-        pair["pages"] = [[pool, page] for pool, page in sorted(pair["pages"])]
-        out.append(pair)
-    return out
