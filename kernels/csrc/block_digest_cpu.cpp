@@ -54,9 +54,8 @@ uint64_t row_sum_bytewise(const uint8_t* row, int64_t segments, int64_t seg_stri
   return acc;
 }
 
-void prefetch_row(const uint8_t* row, int64_t segments, int64_t seg_stride, int64_t seg_bytes) {
-  for (int64_t s = 0; s < segments; ++s)
-    for (int64_t line = 0; line < seg_bytes; line += 64) __builtin_prefetch(row + s * seg_stride + line);
+void prefetch(const uint8_t* piece, int64_t bytes) {
+  for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(piece + line);
 }
 
 }  // namespace
@@ -94,25 +93,33 @@ torch::Tensor block_digest(torch::Tensor rows, torch::Tensor block_ids, torch::T
   const int64_t row_chunks = (segments * seg_bytes + 7) / 8, seg_chunks = seg_bytes / 8;
   // a task should stream at least ~64 KiB, or threads cost more than they save
   const int64_t grain = std::max<int64_t>(1, (64 << 10) / std::max<int64_t>(1, per_block * segments * seg_bytes));
+  // the pieces (a row's segment) are walked in memory order, rows inside segments where the
+  // segment stride is the larger (head-major blocks): the sum does not care about order, and a
+  // strided walk ran ~3x slower here
+  const bool rows_inner = segments > 1 && ss > sr;
   at::parallel_for(0, n, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const uint8_t* block = base + ids[i] * sb;
+      const int64_t v = valid[i], pieces = v * segments;
       uint64_t acc = 0;
-      for (int64_t r = 0; r < valid[i]; ++r) {
-        const uint8_t* row = block + r * sr;
-        const uint64_t first = static_cast<uint64_t>(r * row_chunks);
-        if (!whole_chunks) {
-          acc += row_sum_bytewise(row, segments, ss, seg_bytes, first);
-          continue;
-        }
-        // the next row (or the next block's first) requested while this one is summed: the
+      if (!whole_chunks) {
+        for (int64_t r = 0; r < v; ++r)
+          acc += row_sum_bytewise(block + r * sr, segments, ss, seg_bytes, static_cast<uint64_t>(r * row_chunks));
+        digest[i] = acc;
+        continue;
+      }
+      for (int64_t k = 0; k < pieces; ++k) {
+        const int64_t r = rows_inner ? k % v : k / segments, s = rows_inner ? k / v : k % segments;
+        // the next piece (or the next block's first) requested while this one is summed: the
         // hardware prefetcher stops at each 4 KiB page (1.1-1.4x single-threaded here)
-        if (r + 1 < valid[i])
-          prefetch_row(row + sr, segments, ss, seg_bytes);
-        else if (i + 1 < hi && valid[i + 1] > 0)
-          prefetch_row(base + ids[i + 1] * sb, segments, ss, seg_bytes);
-        for (int64_t s = 0; s < segments; ++s)
-          acc += segment_sum(row + s * ss, seg_chunks, first + static_cast<uint64_t>(s * seg_chunks));
+        if (k + 1 < pieces) {
+          const int64_t nr = rows_inner ? (k + 1) % v : (k + 1) / segments;
+          const int64_t ns = rows_inner ? (k + 1) / v : (k + 1) % segments;
+          prefetch(block + nr * sr + ns * ss, seg_bytes);
+        } else if (i + 1 < hi && valid[i + 1] > 0) {
+          prefetch(base + ids[i + 1] * sb, seg_bytes);
+        }
+        acc += segment_sum(block + r * sr + s * ss, seg_chunks, static_cast<uint64_t>(r * row_chunks + s * seg_chunks));
       }
       digest[i] = acc;
     }
