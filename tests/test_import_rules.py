@@ -32,7 +32,8 @@ def test_the_import_contracts_hold():
 def _fake_tree(root: Path, files: dict[str, str]) -> None:
     """The project's package layout (empty modules), plus `files`."""
     packages = ["engine", "engine/wire", "engine/client", "engine/adapters", "engine/commands", "engine/server",
-                "engine/workers", "engine/kv", "engine/model", "engine/guard", "engine/http", "gui", "kernels"]
+                "engine/workers", "engine/kv", "engine/model", "engine/guard", "engine/http", "engine/evidence",
+                "gui", "kernels"]
     modules = ["engine/core.py", "engine/model_runner.py", "engine/attention.py", "engine/scheduler.py",
                "engine/sampling.py"]
     for package in packages:
