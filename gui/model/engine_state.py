@@ -205,6 +205,10 @@ class EngineState:
         self.config = status.get("config", self.config)  # a brief status leaves it out
         self.workers = [WorkerRow.from_wire(w, now) for w in status.get("workers", [])]
         self.capacity = list(status.get("capacity", []))
+        # a `workers` or `capacity` message published before this reply (still on its way,
+        # late under load) is older than what the reply says: _newer() drops it
+        seqs = status.get("telemetry_seq")
+        self._status_seq = {k: v for k, v in seqs.items() if isinstance(v, int)} if isinstance(seqs, dict) else {}
         changed = {"workers", "capacity", "engine"}
         if "crossings" in status:
             self.new_crossings += self.crossings.update(status["crossings"], engine_epoch=self.run_number)
@@ -217,6 +221,7 @@ class EngineState:
         engine's, a marker row says when, and the plots get a mark (the crossings the operator
         has not acknowledged stay: see CrossingWatch)."""
         self.run_number += 1
+        self._status_seq = {}  # the new engine counts its topics from 1 again
         self._retire_alerts()
         wall = time.time()
         marker = restart_marker(self.run_number, wall, previous_started, started)
@@ -256,11 +261,17 @@ class EngineState:
         """Critical alerts firing on the engine answering now."""
         return sum(1 for a in self.alerts.values() if a.live_firing and a.severity == "critical")
 
+    def _older_than_status(self, msg: Message, topic: str) -> bool:
+        seq = msg.get("seq")
+        return isinstance(seq, int) and seq <= getattr(self, "_status_seq", {}).get(topic, 0)
+
     def _on_workers(self, msg: Message, now: float) -> None:
-        self.workers = [WorkerRow.from_wire(w, now) for w in msg.get("workers", [])]
+        if not self._older_than_status(msg, "workers"):
+            self.workers = [WorkerRow.from_wire(w, now) for w in msg.get("workers", [])]
 
     def _on_capacity(self, msg: Message, now: float) -> None:
-        self.capacity = list(msg.get("findings", []))
+        if not self._older_than_status(msg, "capacity"):
+            self.capacity = list(msg.get("findings", []))
 
     def _on_metrics(self, msg: Message, now: float) -> None:
         for name in METRIC_SERIES:
