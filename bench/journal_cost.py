@@ -11,6 +11,12 @@ one run, on two workloads; and its size after the three-wave incident.
    off, alternating whole runs --rounds times: requests/s over the waves, and with the journal on
    its bytes on disk, records written and dropped.
 Goal (issue): on / off >= 0.98 on both. A ratio below 1 within the spread of the rounds is noise.
+
+Wall-clock throughput on a shared 2-core machine swings by tens of percent between server runs,
+so the incident part also counts CPU time (from /proc, which other processes' load barely
+moves): the supervisor's and all the engine's processes' seconds per request. The journal's
+cost is what it adds to the supervisor, as a share of all the engine's CPU: on a saturated
+machine that is the throughput it can take.
 """
 
 from __future__ import annotations
@@ -46,10 +52,18 @@ def served(rounds: int, work: Path) -> dict[str, dict[str, list[float]]]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds of a process, its threads included (from /proc)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def incident(rounds: int, waves: int, work: Path) -> dict:
     from tests.engine.evidence.incident_run import incident_config, start, submit_wave, wait_ends
 
-    out: dict = {"on": [], "off": [], "bytes": [], "written": [], "dropped": []}
+    out: dict = {"on": [], "off": [], "bytes": [], "written": [], "dropped": [], "cpu": {"on": [], "off": []}}
     for r in range(rounds):
         for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
             journal = work / f"incident-{r}-{mode}.sqlite"
@@ -60,12 +74,16 @@ def incident(rounds: int, waves: int, work: Path) -> dict:
             server = start(config)
             try:
                 client = server.client(timeout_s=600)
+                pids = [server.proc.pid] + [w["pid"] for w in client.status()["workers"]]
+                cpu0 = [cpu_seconds(pid) for pid in pids]
                 requests, t0 = 0, time.perf_counter()
                 for wave in range(waves):
                     ends = wait_ends(client, submit_wave(client, seed=100 + wave), timeout_s=600)
                     requests += len(ends)
                 rate = requests / (time.perf_counter() - t0)
                 out[mode].append(rate)
+                used = [cpu_seconds(pid) - c for pid, c in zip(pids, cpu0)]
+                out["cpu"][mode].append((used[0] / requests, sum(used) / requests))
                 status = client.status()
                 if mode == "on":
                     assert client.status()["evidence"]["journal"], "the journal was not on"
@@ -109,6 +127,14 @@ def main(argv=None) -> int:
               f"off {[round(x, 3) for x in got['off']]})")
         print(f"journal after {args.waves} waves: {[b for b in got['bytes']]} bytes, {got['written']} records "
               f"written, {got['dropped']} dropped")
+        sup_on = statistics.median(c[0] for c in got["cpu"]["on"])
+        sup_off = statistics.median(c[0] for c in got["cpu"]["off"])
+        total = statistics.median(c[1] for c in got["cpu"]["off"])
+        print(f"CPU ms per request: supervisor {1e3 * sup_on:.2f} with the journal, {1e3 * sup_off:.2f} without; "
+              f"all engine processes {1e3 * total:.1f} without. The journal adds "
+              f"{1e3 * (sup_on - sup_off):.2f} ms, {100 * (sup_on - sup_off) / total:.2f}% of the engine's CPU "
+              f"(on {[tuple(round(1e3 * x, 2) for x in c) for c in got['cpu']['on']]}, "
+              f"off {[tuple(round(1e3 * x, 2) for x in c) for c in got['cpu']['off']]})")
     return 0
 
 
