@@ -57,10 +57,18 @@ def _plain(value, depth: int = 0, cut: bool = False):
     return str(value)
 
 
+def _other(value):
+    """What json cannot encode itself: bytes as text, anything else as its str()."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
 def _json(value) -> str:
     """One record as JSON: whole when it fits MAX_FIELD_CHARS, else with its long strings and
     lists cut (each says how much); only what still does not fit is replaced by a marker."""
-    text = json.dumps(_plain(value), separators=(",", ":"))
+    try:  # the usual record is plain data: json's C encoder alone
+        text = json.dumps(value, separators=(",", ":"), default=_other)
+    except (TypeError, ValueError, RecursionError):  # bytes keys, cycles, depth: made plain first
+        text = json.dumps(_plain(value), separators=(",", ":"))
     if len(text) > MAX_FIELD_CHARS:
         text = json.dumps(_plain(value, cut=True), separators=(",", ":"))
     if len(text) > MAX_FIELD_CHARS:
