@@ -99,10 +99,11 @@ class AuditSection:
     # ~/.local/state/pagewarden), named by the control endpoint; a path puts it there; "" turns
     # it off (nothing survives a restart then).
     journal: str = "auto"
-    # Pruned oldest first past either bound. A week of the three-wave incident workload around
-    # the clock is far below the default size (bench/RESULTS.md has the measured bytes per wave).
+    # Pruned oldest first past either bound. The incident workload writes about 6 KB per request
+    # (0.77 MB per three waves, bench/RESULTS.md); served nonstop at this machine's ~10 requests/s
+    # that is ~37 GB a week, so the default keeps a week of it on a workstation disk.
     journal_max_age_days: int = 7
-    journal_max_mb: int = 2048
+    journal_max_mb: int = 40960
 
 
 @dataclass(frozen=True)
