@@ -34,19 +34,40 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 
-def served(rounds: int, work: Path) -> dict[str, dict[str, list[float]]]:
+def served(rounds: int, work: Path) -> dict:
+    """vs_vllm's --quick workload against our HTTP server, journal on and off; tokens/s per case,
+    and CPU seconds per generated token of the supervisor and of every engine process."""
     import vs_vllm
+
+    from engine.client.local_server import LocalServer, write_config
 
     args = vs_vllm.parse_args(["--quick", "--only", "ours", "--model", "copy"])
     model_dir, (low, high) = vs_vllm.checkpoint("copy")
     prompts = vs_vllm.make_prompts(max(args.concurrency), args.prompt, low, high,
                                    exclude=vs_vllm.special_ids(model_dir), seed=args.seed)
-    out: dict[str, dict[str, list[float]]] = {"on": {}, "off": {}}
+    top = max(args.concurrency)
+    pages = vs_vllm.our_pages(top, args.prompt, args.new_tokens)
+    out: dict = {"on": {}, "off": {}, "cpu": {"on": [], "off": []}}
     for r in range(rounds):
         for mode in (("on", "off") if r % 2 == 0 else ("off", "on")):
             journal = str(work / f"served-{r}.sqlite") if mode == "on" else ""
             print(f"served, round {r + 1}/{rounds}, journal {mode}", flush=True)
-            got = vs_vllm.run_ours(model_dir, prompts, args, work, sections={"audit": {"journal": journal}})
+            config = write_config(work / f"served-{r}-{mode}.toml", model={"path": str(model_dir)},
+                                  engine={"max_batch": 64, "max_prefill_tokens": 4096}, canaries={"enabled": False},
+                                  pools={"prefill": {"pages": pages}, "decode": {"pages": pages}},
+                                  audit={"journal": journal})
+            server = LocalServer(config, "--http-port", "0")
+            try:
+                client = server.client(timeout_s=300)
+                server.wait_workers(client)
+                pids = [server.proc.pid] + [w["pid"] for w in client.status()["workers"]]
+                cpu0, tokens0 = [cpu_seconds(p) for p in pids], client.status()["metrics"]["tokens_total"]
+                got = asyncio.run(vs_vllm.measure(server.ready["http"], prompts, args))
+                tokens = client.status()["metrics"]["tokens_total"] - tokens0
+                used = [cpu_seconds(p) - c for p, c in zip(pids, cpu0)]
+                out["cpu"][mode].append((used[0] / tokens, sum(used) / tokens))
+            finally:
+                server.stop()
             for case, batches in got["cases"].items():
                 out[mode].setdefault(case, []).extend(b["tok_s"] for b in batches)
     return out
@@ -115,10 +136,18 @@ def main(argv=None) -> int:
         got = served(args.rounds, work)
         print("\n== served (vs_vllm --quick workload, ours): tokens/s median (all reps of all rounds) ==")
         print(f"{'case':<16} {'journal on':>12} {'journal off':>12} {'on / off':>9}")
-        for case in got["on"]:
+        cases = [c for c in got["on"] if c != "cpu"]
+        for case in cases:
             on, off = statistics.median(got["on"][case]), statistics.median(got["off"][case])
             print(f"{case:<16} {on:>12.1f} {off:>12.1f} {on / off:>9.3f}   (on {sorted(round(x) for x in got['on'][case])}"
                   f", off {sorted(round(x) for x in got['off'][case])})")
+        sup_on = statistics.median(c[0] for c in got["cpu"]["on"])
+        sup_off = statistics.median(c[0] for c in got["cpu"]["off"])
+        total = statistics.median(c[1] for c in got["cpu"]["off"])
+        print(f"CPU us per generated token: supervisor {1e6 * sup_on:.1f} with the journal, {1e6 * sup_off:.1f} without;"
+              f" all engine processes {1e6 * total:.1f} without. The journal adds {1e6 * (sup_on - sup_off):.1f} us, "
+              f"{100 * (sup_on - sup_off) / total:.2f}% of the engine's CPU (on {[tuple(round(1e6 * x, 1) for x in c) for c in got['cpu']['on']]}"
+              f", off {[tuple(round(1e6 * x, 1) for x in c) for c in got['cpu']['off']]})")
     if not args.skip_incident:
         got = incident(args.rounds, args.waves, work)
         on, off = statistics.median(got["on"]), statistics.median(got["off"])
