@@ -88,8 +88,8 @@ def request_name(pair: dict, side: str) -> str:
     return f"an unknown request (slot {pair.get(f'{side}_slot', '?')})"
 
 
-def page_text(pages: Iterable) -> str:
-    """[[pool, page], …] as "decode-0:4-6,9; prefill-0:2" (consecutive pages as ranges)."""
+def pages_by_pool(pages: Iterable) -> dict[str, list[int]]:
+    """[[pool, page], …] as pool -> its page numbers (malformed items skipped)."""
     by_pool: dict[str, list[int]] = {}
     for item in pages:
         try:
@@ -97,6 +97,12 @@ def page_text(pages: Iterable) -> str:
             by_pool.setdefault(str(pool), []).append(int(page))
         except (TypeError, ValueError):
             continue
+    return by_pool
+
+
+def page_text(pages: Iterable) -> str:
+    """[[pool, page], …] as "decode-0:4-6,9; prefill-0:2" (consecutive pages as ranges)."""
+    by_pool = pages_by_pool(pages)
     parts = []
     for pool in sorted(by_pool):
         runs = _runs(sorted(set(by_pool[pool])))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from engine.wire.alert_kinds import ISOLATION_KINDS
 from engine.wire.defences import DEFENCES, FAULTS, Switch
-from gui.model.scope_summary import TenantPair, tenant_pairs, with_tenants
+from gui.model.scope_summary import TenantPair, pages_by_pool, tenant_pairs, with_tenants
 
 # An alert record keeps the newest 50 requests and pages it named (the engine's AlertBook);
 # an engine that does not send requests_total / pages_total leaves the rest uncounted.
@@ -160,13 +160,7 @@ class PageRanges:
 
 def pool_ranges(pages: Iterable, limit: int) -> list[PageRanges]:
     """[[pool, page], …] per pool (sorted by name), at most `limit` ranges printed per pool."""
-    by_pool: dict[str, list[int]] = {}
-    for item in pages:
-        try:
-            pool, page = item
-            by_pool.setdefault(str(pool), []).append(int(page))
-        except (TypeError, ValueError):
-            continue
+    by_pool = pages_by_pool(pages)
     return [PageRanges(pool, tuple(runs), min(limit, len(runs)))
             for pool, runs in ((p, page_runs(n)) for p, n in sorted(by_pool.items()))]
 
