@@ -24,6 +24,7 @@ from engine.evidence import schema
 from engine.evidence.recovery import connect as _connect, open_recovered
 
 COMMIT_S = 0.2  # the writer commits at least this often while there is something to write
+GATHER_S = 0.1  # and at most this often: records gathered meanwhile share one transaction
 QUEUE_ITEMS = 200_000  # items waiting to be written; past it new items are dropped and counted
 BATCH_ITEMS = 5_000  # items written in one transaction at most
 PRUNE_EVERY_S = 60.0
@@ -114,6 +115,7 @@ class Journal:
         self.lost = 0  # items whose write failed (disk full, read-only file)
         self.error: str | None = None  # why the last write failed (None once writes succeed again)
         self.pruned_rows = 0
+        self._last_write = 0.0
         self.item_error: str | None = None  # the last record that could not be encoded (it alone was lost)
         self._last_prune = time.time()  # the first prune a minute after start, off the start-up path
         self._thread = threading.Thread(target=self._run, name="evidence-journal", daemon=True)
@@ -209,6 +211,12 @@ class Journal:
             except queue.Empty:
                 self._maybe_prune()
                 continue
+            if first is not None and first[0] not in ("sync", "prune"):
+                # gather for a moment: one transaction (and one wake-up of this thread) per
+                # GATHER_S instead of per record; a crash loses at most that much more
+                wait = GATHER_S - (time.monotonic() - self._last_write)
+                if wait > 0:
+                    time.sleep(wait)
             batch = [first]
             while len(batch) < BATCH_ITEMS:
                 try:
@@ -219,6 +227,7 @@ class Journal:
                 stop = True
                 batch = [b for b in batch if b is not None]
             self._write(batch)
+            self._last_write = time.monotonic()
             self._maybe_prune()
         if self._conn is not None:
             try:
