@@ -124,6 +124,22 @@ def incident(rounds: int, waves: int, work: Path) -> dict:
     return out
 
 
+def cpu_share(cpu: dict, per: str, unit: str, scale: float) -> str:
+    """The journal's CPU cost from {mode: [(supervisor, all processes) seconds per `per`]}: what
+    it adds to the supervisor (medians), as a share of all the engine's CPU without it."""
+    sup_on = statistics.median(c[0] for c in cpu["on"])
+    sup_off = statistics.median(c[0] for c in cpu["off"])
+    total = statistics.median(c[1] for c in cpu["off"])
+
+    def runs(mode):
+        return [tuple(round(scale * x, 2) for x in c) for c in cpu[mode]]
+
+    return (f"CPU {unit} per {per}: supervisor {scale * sup_on:.2f} with the journal, {scale * sup_off:.2f} "
+            f"without; all engine processes {scale * total:.1f} without. The journal adds "
+            f"{scale * (sup_on - sup_off):.2f} {unit}, {100 * (sup_on - sup_off) / total:.2f}% of the engine's "
+            f"CPU (on {runs('on')}, off {runs('off')})")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3, help="alternating on/off server runs per workload")
@@ -136,18 +152,11 @@ def main(argv=None) -> int:
         got = served(args.rounds, work)
         print("\n== served (vs_vllm --quick workload, ours): tokens/s median (all reps of all rounds) ==")
         print(f"{'case':<16} {'journal on':>12} {'journal off':>12} {'on / off':>9}")
-        cases = [c for c in got["on"] if c != "cpu"]
-        for case in cases:
+        for case in got["on"]:
             on, off = statistics.median(got["on"][case]), statistics.median(got["off"][case])
             print(f"{case:<16} {on:>12.1f} {off:>12.1f} {on / off:>9.3f}   (on {sorted(round(x) for x in got['on'][case])}"
                   f", off {sorted(round(x) for x in got['off'][case])})")
-        sup_on = statistics.median(c[0] for c in got["cpu"]["on"])
-        sup_off = statistics.median(c[0] for c in got["cpu"]["off"])
-        total = statistics.median(c[1] for c in got["cpu"]["off"])
-        print(f"CPU us per generated token: supervisor {1e6 * sup_on:.1f} with the journal, {1e6 * sup_off:.1f} without;"
-              f" all engine processes {1e6 * total:.1f} without. The journal adds {1e6 * (sup_on - sup_off):.1f} us, "
-              f"{100 * (sup_on - sup_off) / total:.2f}% of the engine's CPU (on {[tuple(round(1e6 * x, 1) for x in c) for c in got['cpu']['on']]}"
-              f", off {[tuple(round(1e6 * x, 1) for x in c) for c in got['cpu']['off']]})")
+        print(cpu_share(got["cpu"], "generated token", "us", 1e6))
     if not args.skip_incident:
         got = incident(args.rounds, args.waves, work)
         on, off = statistics.median(got["on"]), statistics.median(got["off"])
@@ -156,14 +165,7 @@ def main(argv=None) -> int:
               f"off {[round(x, 3) for x in got['off']]})")
         print(f"journal after {args.waves} waves: {[b for b in got['bytes']]} bytes, {got['written']} records "
               f"written, {got['dropped']} dropped")
-        sup_on = statistics.median(c[0] for c in got["cpu"]["on"])
-        sup_off = statistics.median(c[0] for c in got["cpu"]["off"])
-        total = statistics.median(c[1] for c in got["cpu"]["off"])
-        print(f"CPU ms per request: supervisor {1e3 * sup_on:.2f} with the journal, {1e3 * sup_off:.2f} without; "
-              f"all engine processes {1e3 * total:.1f} without. The journal adds "
-              f"{1e3 * (sup_on - sup_off):.2f} ms, {100 * (sup_on - sup_off) / total:.2f}% of the engine's CPU "
-              f"(on {[tuple(round(1e3 * x, 2) for x in c) for c in got['cpu']['on']]}, "
-              f"off {[tuple(round(1e3 * x, 2) for x in c) for c in got['cpu']['off']]})")
+        print(cpu_share(got["cpu"], "request", "ms", 1e3))
     return 0
 
 

@@ -170,20 +170,14 @@ class JournalReader:
         return {"requests": requests, "engine_events": other}
 
     def prompt_log(self, since: float | None = None, runs=None) -> list[dict]:
-        where, args = self._run_filter(runs)
-        sql = (f"SELECT run, time, request_id, tenant, model, prompt_len, prompt_hash, data_tier FROM prompts "
-               f"WHERE {where}")
-        if since is not None:
-            sql, args = sql + " AND time >= ?", (*args, since)
+        sql, args = self._select("run, time, request_id, tenant, model, prompt_len, prompt_hash, data_tier "
+                                 "FROM prompts", runs, since, None)
         names = ("run", "time", "request_id", "tenant", "model", "prompt_len", "prompt_hash", "data_tier")
         return [dict(zip(names, row)) for row in self._rows(sql + " ORDER BY time", args)]
 
     def latest(self, table: str, column: str, runs=None, until: float | None = None):
         """The newest JSON value of `column` in `table` (findings, workers), or None."""
-        where, args = self._run_filter(runs)
-        sql = f"SELECT {column} FROM {table} WHERE {where}"
-        if until is not None:
-            sql, args = sql + " AND time <= ?", (*args, until)
+        sql, args = self._select(f"{column} FROM {table}", runs, None, until)
         rows = self._rows(sql + " ORDER BY time DESC LIMIT 1", args)
         return _loads(rows[0][0]) if rows else None
 
@@ -198,12 +192,30 @@ class JournalReader:
                 for r, t, p, why, a in self._rows(sql, args)]
 
     def count_keyframes(self, since: float | None = None, until: float | None = None, runs=None) -> int:
-        sql, args = self._keyframe_query("COUNT(*)", since, until, runs)
+        sql, args = self._select("COUNT(*) FROM keyframes", runs, since, until)
         return int(self._rows(sql, args)[0][0])
+
+    def keyframe_pools(self, until: float | None = None, runs=None) -> set[str]:
+        """The pools with a keyframe at or before `until` (no map is read)."""
+        sql, args = self._select("DISTINCT pool FROM keyframes", runs, None, until)
+        return {pool for (pool,) in self._rows(sql, args)}
+
+    def latest_keyframe(self, pool: str, until: float | None = None, runs=None) -> bytes | None:
+        """The newest keyframe of `pool` at or before `until` (npz bytes), or None."""
+        sql, args = self._select("arrays FROM keyframes", runs, None, until)
+        rows = self._rows(sql + " AND pool = ? ORDER BY time DESC LIMIT 1", (*args, pool))
+        return rows[0][0] if rows else None
+
+    def event_counts(self, names, until: float | None = None, runs=None) -> dict[str, int]:
+        """How many events of each of `names` (admitted, rejected, ...) at or before `until`."""
+        names = tuple(names)
+        sql, args = self._select("event, COUNT(*) FROM events", runs, None, until)
+        sql += f" AND event IN ({', '.join('?' * len(names))}) GROUP BY event"
+        return {event: int(n) for event, n in self._rows(sql, (*args, *names))}
 
     def _keyframe_query(self, columns: str, since, until, runs) -> tuple[str, tuple]:
         sql, args = self._select(f"{columns} FROM keyframes", runs, since, until)
-        return (sql if columns.startswith("COUNT") else sql + " ORDER BY time"), args
+        return sql + " ORDER BY time", args
 
     def prunes(self) -> list[dict]:
         return [{"time": t, "older_than": cut, "rows": n, "reason": why}

@@ -9,12 +9,13 @@ are gone.
 from __future__ import annotations
 
 import io
-from collections import Counter
 from pathlib import Path
 
 from engine.evidence.journal_read import JournalError, JournalReader
 
 NO_KEYFRAME = "no keyframe in the journal"
+FIRST_KEYFRAMES = 16  # keyframes a `history` answer carries (the window's first: the first crossings)
+COUNTED = ("admitted", "rejected", "placeholder", "finished", "failed", "cancelled")
 
 
 class JournalSource:
@@ -54,18 +55,17 @@ class JournalSource:
                                                  for r in self.runs],
                   "source": "journal", "journal": str(reader.path)}
         workers = reader.latest("workers", "workers", runs) or []
-        pools = {k["pool"] for k in reader.keyframes(None, self.until, runs)}
+        pools = reader.keyframe_pools(self.until, runs)
         for worker in workers:
             if (worker.get("pool") or {}).get("name") not in pools:
                 worker["state"] = NO_KEYFRAME
-        counters = Counter(e["event"] for e in reader.events(None, self.until, runs)
-                           if e["event"] in ("admitted", "rejected", "placeholder", "finished", "failed", "cancelled"))
+        counters = reader.event_counts(COUNTED, self.until, runs)
         alerts = [a if a["run"] == newest["run"] else
                   {**a, "previous_run": True, "journal_key": a["key"], "key": f"{a['run']}/{a['key']}"}
                   for a in reader.alerts(runs)]  # the newest run's keys as the live engine gives them
         return {"engine": engine, "workers": workers, "alerts": alerts,
                 "capacity": reader.latest("findings", "findings", runs) or [], "config": newest["config"],
-                "counters": dict(counters), "evidence": {"journal": str(reader.path), "runs": engine["runs"],
+                "counters": counters, "evidence": {"journal": str(reader.path), "runs": engine["runs"],
                                                           "prunes": reader.prunes()}}
 
     def call(self, op: str, **kw) -> dict:
@@ -74,7 +74,7 @@ class JournalSource:
             history = self.reader.history(since, until, self.run_ids)
             return {**history, "since": since, "until": until or self.until, "next": None, "telemetry": [],
                     "keyframes": self.keyframes(since, until),
-                    "keyframes_left_out": max(0, self.count_keyframes(since, until) - 16)}
+                    "keyframes_left_out": max(0, self.count_keyframes(since, until) - FIRST_KEYFRAMES)}
         if op == "scope":
             pairs = self.reader.scope(since, until, self.run_ids)
             return {"pairs": pairs, "reads": sum(p["reads"] for p in pairs), "since": since, "until": until,
@@ -90,14 +90,14 @@ class JournalSource:
     def page_metadata(self, pool: str) -> dict:
         import numpy as np
 
-        frames = [k for k in self.reader.keyframes(None, self.until, self.run_ids) if k["pool"] == pool]
-        if not frames:
+        arrays = self.reader.latest_keyframe(pool, self.until, self.run_ids)
+        if arrays is None:
             raise JournalError(f"the journal holds no keyframe of pool {pool!r}")
-        with np.load(io.BytesIO(frames[-1]["arrays"]), allow_pickle=False) as npz:
+        with np.load(io.BytesIO(arrays), allow_pickle=False) as npz:
             return {name: npz[name].copy() for name in npz.files}
 
     def keyframes(self, since: float | None = None, until: float | None = None,
-                  first: int | None = 16) -> list[dict]:
+                  first: int | None = FIRST_KEYFRAMES) -> list[dict]:
         """The window's first `first` keyframes with their arrays decoded (the first-crossing maps)."""
         import numpy as np
 

@@ -246,17 +246,17 @@ class EvidenceFeed:
                 return
             answer(result)
 
-    def keyframes(self, since: float | None, limit: int = 16) -> tuple[list[dict], int]:
-        """This run's newest `limit` page-map keyframes since `since`, arrays as lists (for
-        `history`), and how many more there were."""
+    def keyframes(self, since: float | None) -> tuple[list[dict], int]:
+        """This run's first page-map keyframes since `since` (FIRST_KEYFRAMES of them), arrays as
+        lists (for `history`), and how many more there were."""
         if self.journal is None:
             return [], 0
         from engine.evidence.journal_read import JournalError
-        from engine.evidence.journal_source import JournalSource
+        from engine.evidence.journal_source import FIRST_KEYFRAMES, JournalSource
 
         try:
             with JournalSource(self.journal.path, run=self.journal.run) as source:
-                frames = source.keyframes(since, first=limit)
+                frames = source.keyframes(since, first=FIRST_KEYFRAMES)
                 return frames, max(0, source.count_keyframes(since) - len(frames))
         except JournalError:
             return [], 0
