@@ -46,19 +46,22 @@ class ControlOps:
         op = msg.op
         if op not in CLIENT_OPS:
             raise ProtocolError(f"unknown op {op!r}; known: {', '.join(CLIENT_OPS)}")
-        self.caller, self.role = self._caller(frames)
+        self.caller, self.role = self._caller(identity, frames)
         if not allows(self.role, op):
             self.sup.counters["forbidden"] += 1
             raise Forbidden(f"op {op!r} needs the {OP_ROLES[op]} role; this client is a {self.role}")
         self.sup.counters[f"op:{op}"] += 1
         getattr(self, f"op_{op}")(identity, msg)
 
-    def _caller(self, frames: list) -> tuple[str, str]:
-        """(who, role) of the sender: its CURVE key and the role the allowlist gives it, or
-        ("local", serve --local-role) without CURVE (loopback only)."""
+    def _caller(self, identity: bytes, frames: list) -> tuple[str, str]:
+        """(who, role) of the sender: its CURVE key and the role the allowlist gives it, or,
+        without CURVE (loopback only), its connection and serve --local-role. Loopback clients
+        share a role but not their requests: each connection owns what it submitted, as each
+        has its own budget (a connection's ROUTER identity is the server's to give and stays
+        its own while it is connected)."""
         sup = self.sup
         if sup.curve is None:
-            return "local", sup.local_role
+            return f"local:{identity.hex()}", sup.local_role
         try:
             user = frames[0].get("User-Id") if frames else None
         except (zmq.ZMQError, AttributeError, TypeError):
@@ -101,7 +104,7 @@ class ControlOps:
                 # reservation, a transfer): one id, one request, for as long as it is remembered
                 raise InvalidRequest(f"request id {request_id!r} was already used; ids are unique per engine run")
             SamplingParams(**{k: v for k, v in params.items() if k != "stream"}).validate(request_id)
-            budget_key = self.caller if sup.curve is not None else identity.hex()
+            budget_key = self.caller
             sup.book.check_budget(budget_key, request_id, len(prompt) + params["max_new_tokens"],
                                   sup.config.engine.max_requests_per_client, sup.config.engine.max_tokens_per_client)
             placeholder = self._admit(request_id, len(prompt), params["max_new_tokens"])

@@ -49,7 +49,7 @@ class RequestRecord:
     cancel_requested: bool = False
     placeholder: bool = False  # the placeholder_on_reject fault stood in for it
     pages: dict[str, int] = field(default_factory=dict)  # pool name -> pages held
-    owner: str = "local"  # who submitted it: a CURVE key, or "local" (engine/wire/roles.py)
+    owner: str = "local"  # who submitted it: a CURVE key, or "local:<connection>" (engine/wire/roles.py)
     budget_key: str | None = None  # whose per-client budget it counts against (None: the engine's own)
     waiting_for: str | None = None  # why it cannot be placed now (no ready worker of a role)
     unplaced_since: float | None = None

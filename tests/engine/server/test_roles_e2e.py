@@ -85,3 +85,19 @@ def test_without_curve_every_client_has_the_local_role(start_server):
             client.call(op, timeout_s=60, **fields)
         assert err.value.code == "forbidden" and "this client is a viewer" in str(err.value)
     assert all(w["state"] == "ready" for w in client.status()["workers"])
+
+
+def test_without_curve_loopback_clients_own_their_own_requests(start_server):
+    """Two loopback clients with the same local role: each owns what it submitted. Before,
+    every loopback connection was the one owner "local", so any local client cancelled or
+    audited any other's requests (in the mode docs/SECURITY.md recommends for shared hosts)."""
+    server = start_server("--local-role", "operator")
+    mine, other = server.client(), server.client()
+    stream = mine.submit([256, 7, 8], max_new_tokens=1500, ignore_eos=True)
+    rid = next(mine.events(stream)).get("request_id")
+    for op in ("cancel", "audit"):
+        with pytest.raises(RemoteError) as err:
+            other.call(op, request_id=rid, timeout_s=60)
+        assert err.value.code == "forbidden" and "belongs to another client" in str(err.value)
+    assert mine.audit(rid)["request"]["request_id"] == rid
+    assert mine.cancel(rid)["cancelled"] is True  # its own
