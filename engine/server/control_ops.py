@@ -12,6 +12,7 @@ from engine import __version__
 from engine.admission import check_admission, check_prompt_ids
 from engine.errors import AdmissionRejected, Forbidden, InvalidRequest, PageWardenError
 from engine.request import SamplingParams
+from engine.server.alert_forward import shown_config
 from engine.server.reconfigure import reconfigure
 from engine.server.request_record import Phase, RequestRecord
 from engine.server.worker_handle import WorkerState
@@ -119,17 +120,21 @@ class ControlOps:
             return
         tenant = field_of(msg, "tenant", "str", default="default", max_len=64)
         tier = field_of(msg, "data_tier", "str", default=None, max_len=64)
+        # the client behind this connection (the HTTP front names its peer): a turn of its own
+        # in the queue, within this connection's turn, so naming more of them gains nothing
+        sub_client = field_of(msg, "client", "str", default="", max_len=128)
         rec = self.accept(request_id, slot, prompt, params, tenant, identity, msg.get("id"), data_tier=tier,
-                          budget_key=budget_key)
+                          budget_key=budget_key, sub_client=sub_client)
         rec.owner = self.caller
         rec.placeholder = placeholder
 
     def accept(self, request_id: str, slot: int, prompt: list[int], params: dict, tenant: str,
                identity: bytes | None, msg_id, *, data_tier: str | None = None,
-               budget_key: str | None = None) -> RequestRecord:
+               budget_key: str | None = None, sub_client: str = "") -> RequestRecord:
         """Queue an admitted request, log it (never its text) and tell its client."""
         sup = self.sup
-        rec = RequestRecord(request_id, slot, tenant, prompt, params, identity, msg_id, budget_key=budget_key)
+        rec = RequestRecord(request_id, slot, tenant, prompt, params, identity, msg_id, budget_key=budget_key,
+                            sub_client=sub_client)
         sup.book.admit(rec)
         sup.mark_waiting(rec)
         sup.counters["admitted"] += 1
@@ -232,7 +237,7 @@ class ControlOps:
                 "vocab_size": sup.model_config.vocab_size,
                 "run": sup.evidence.journal.run if sup.evidence.journal is not None else None,
             },
-            "config": sup.config.to_dict(),
+            "config": shown_config(sup.config),
             "workers": [w.describe() for w in sup.workers.values()],
             "capacity": [f.to_dict() for f in sup.findings],
             "counters": dict(sup.counters),

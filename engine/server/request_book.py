@@ -2,7 +2,7 @@
 changes.
 
 It owns the records (by id and by slot), the line of admitted requests waiting for a decode
-worker, the requests whose reservation is under way, and the line of reserved requests
+worker (clients take turns in it), the requests whose reservation is under way, and the line of reserved requests
 waiting for a prefill worker. Each method is one edge of the state machine below; an edge
 not in it is a bug and raises (the supervisor's per-message guard turns that into an
 `internal_error` alert and keeps serving):
@@ -19,6 +19,7 @@ import time
 from collections import Counter, deque
 
 from engine.errors import BudgetExceeded
+from engine.server.fair_queue import FairQueue
 from engine.server.request_record import DONE, Phase, RequestRecord
 
 EDGES = {
@@ -35,7 +36,7 @@ class RequestBook:
     def __init__(self, keep_done: int = KEEP_DONE):
         self.records: dict[str, RequestRecord] = {}
         self.by_slot: dict[int, str] = {}
-        self.queue: deque[str] = deque()  # admitted, waiting for a decode worker
+        self.queue = FairQueue()  # admitted, waiting for a decode worker: clients take turns
         self.reserving: set[str] = set()  # reserve sent, no answer yet
         self.awaiting_prefill: deque[str] = deque()  # reserved, waiting for a prefill worker
         self.keep_done = keep_done
@@ -82,7 +83,7 @@ class RequestBook:
 
     # ---- the edges ----------------------------------------------------------------------
     def admit(self, rec: RequestRecord) -> None:
-        """A new request, QUEUED at the end of the line."""
+        """A new request, QUEUED at the end of its client's line."""
         if rec.request_id in self.records and not self.records[rec.request_id].done:
             raise ValueError(f"request {rec.request_id!r} is already tracked")
         if rec.budget_key is not None:
@@ -91,7 +92,7 @@ class RequestBook:
         rec.phase = Phase.QUEUED
         self.records[rec.request_id] = rec
         self.by_slot[rec.slot] = rec.request_id
-        self.queue.append(rec.request_id)
+        self.queue.append(rec.request_id, rec.fair_key)
 
     def reserve(self, rec: RequestRecord, decode_worker: str) -> None:
         """The head of the line goes to a decode worker to reserve its pages."""
@@ -113,7 +114,7 @@ class RequestBook:
         self._move(rec, Phase.QUEUED)
         self.reserving.discard(rec.request_id)
         rec.decode_worker = None
-        self.queue.appendleft(rec.request_id)
+        self.queue.appendleft(rec.request_id, rec.fair_key)
 
     def answered(self, request_id: str) -> None:
         """A reservation answer came for a request that may have ended meanwhile."""

@@ -51,6 +51,7 @@ class RequestRecord:
     pages: dict[str, int] = field(default_factory=dict)  # pool name -> pages held
     owner: str = "local"  # who submitted it: a CURVE key, or "local:<connection>" (engine/wire/roles.py)
     budget_key: str | None = None  # whose per-client budget it counts against (None: the engine's own)
+    sub_client: str = ""  # the client behind that connection, where it names one (the HTTP front's peer)
     waiting_for: str | None = None  # why it cannot be placed now (no ready worker of a role)
     unplaced_since: float | None = None
 
@@ -61,6 +62,11 @@ class RequestRecord:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def fair_key(self) -> tuple[str, str]:
+        """Whose turn it waits for in the queue (engine/server/fair_queue.py)."""
+        return (self.budget_key or "", self.sub_client)
 
     @property
     def budget_tokens(self) -> int:
