@@ -88,7 +88,7 @@ def cmd_serve(args) -> int:
         return fail(args, exc)
     ready = {"ready": True, "control": supervisor.control_endpoint, "telemetry": supervisor.telemetry_endpoint,
              "curve": curve is not None, "workers": list(supervisor.workers), "http": http and http.url,
-             "metrics": metrics and metrics.url, "alert_webhook": supervisor.forwarder.endpoint or None}
+             "metrics": metrics and metrics.url, "alert_webhook": supervisor.forwarder.shown_url or None}
     if args.json:
         print(json.dumps(ready), flush=True)
     else:
@@ -96,7 +96,7 @@ def cmd_serve(args) -> int:
               f"{supervisor.telemetry_endpoint}, workers {', '.join(supervisor.workers)}"
               + (f", HTTP {http.url} (no CURVE)" if http else "")
               + (f", metrics {metrics.url}/metrics" if metrics else "")
-              + (f", alerts to {supervisor.forwarder.endpoint}" if supervisor.forwarder.endpoint else ""),
+              + (f", alerts to {supervisor.forwarder.shown_url}" if supervisor.forwarder.shown_url else ""),
               flush=True)
     try:
         supervisor.run()

@@ -11,6 +11,11 @@ dropped when it was never delivered), so a receiver down for an hour costs no mo
 than one down for a second, and hears the current firing set when it is back. A failed POST
 is retried with exponential backoff; a batch the receiver refuses (4xx) is not retried.
 Pending alerts are not sent: Alertmanager knows no pending state.
+
+The receiver is not trusted: of an answer's body at most MAX_ANSWER_BYTES are read (the rest
+never is: the connection is closed), nothing is decompressed, a redirect is not followed (a
+failed delivery, retried), and the URL shown (status, the log, the ready line) has no query
+string or user:password (redacted_url): a ?token= in webhook_url reaches the receiver only.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import threading
 import time
 from collections import OrderedDict
 from datetime import datetime, timezone
+from urllib.parse import urlsplit, urlunsplit
 
 from engine.wire.alert_kinds import BY_NAME
 
@@ -33,6 +39,9 @@ BACKOFF_S = (1.0, 60.0)  # first wait after a failed POST, doubled per failure u
 MAX_FIRING = 10_000  # firing alerts remembered for resending (the alert book keeps at most this many)
 MAX_TEXT = 4_000  # characters of an annotation
 SUMMARY_CHARS = 200
+MAX_ANSWER_BYTES = 4096  # of an answer's body read, for the error text; the rest is never read
+SHOWN_ANSWER_CHARS = 200  # of that body (or a Location) quoted in last_error and the log
+READ_BUFFER_BYTES = 1 << 16  # what aiohttp may buffer from the socket ahead of the read above
 
 
 def rfc3339(when: float) -> str:
@@ -41,9 +50,30 @@ def rfc3339(when: float) -> str:
 
 
 def webhook_endpoint(url: str) -> str:
-    """The URL to POST to: `url` + /api/v2/alerts (kept when `url` already ends with it)."""
-    url = url.rstrip("/")
-    return url if url.endswith(API_PATH) else url + API_PATH
+    """The URL to POST to: /api/v2/alerts joined to `url`'s path (kept when the path already
+    ends with it), the query after it, the fragment dropped:
+    http://am:9093/am?token=T -> http://am:9093/am/api/v2/alerts?token=T."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    path = path if path.endswith(API_PATH) else path + API_PATH
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def redacted_url(url: str) -> str:
+    """`url` as shown to people (status, the log, the ready line): scheme, host, port and
+    path; no user:password, query or fragment, which may hold a secret."""
+    try:
+        parts = urlsplit(url)
+        return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    except ValueError:  # (a receiver's Location can be anything)
+        return "(a URL that does not parse)"
+
+
+def shown_config(config) -> dict:
+    """An EngineConfig as status shows it to every client: its dict, webhook_url redacted."""
+    shown = config.to_dict()
+    shown["alerts"]["webhook_url"] = redacted_url(shown["alerts"]["webhook_url"])
+    return shown
 
 
 def instance_label(control_endpoint: str) -> str:
@@ -87,6 +117,32 @@ def to_alertmanager(record: dict, *, instance: str, generator_url: str = "") -> 
     return alert
 
 
+async def _read_head(content) -> bytes:
+    """At most MAX_ANSWER_BYTES of a body (fewer when it ends first)."""
+    head = b""
+    while len(head) < MAX_ANSWER_BYTES and (chunk := await content.read(MAX_ANSWER_BYTES - len(head))):
+        head += chunk
+    return head
+
+
+def _body_note(response, head: bytes) -> str:
+    """': <the body's first characters>', saying how long the body was when it was cut."""
+    text = _printable(head.decode("utf-8", errors="replace")).strip()
+    size = response.content_length
+    if size is not None and size > MAX_ANSWER_BYTES:
+        cut = f" (a body of {size:,} bytes: read {MAX_ANSWER_BYTES:,}, MAX_ANSWER_BYTES)"
+    elif size is None and len(head) >= MAX_ANSWER_BYTES:
+        cut = f" (a body past MAX_ANSWER_BYTES = {MAX_ANSWER_BYTES:,} bytes: the rest not read)"
+    else:
+        cut = ""
+    return f"{cut}: {text}" if text else cut
+
+
+def _printable(text: str) -> str:
+    """`text` clipped, control characters (a receiver's escape sequences in our log) as spaces."""
+    return _clip("".join(c if c.isprintable() else " " for c in text), SHOWN_ANSWER_CHARS)
+
+
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
@@ -110,6 +166,7 @@ class AlertForwarder:
         self.instance = instance
         self.timeout_s, self.backoff_s, self.gather_s, self.max_batch = timeout_s, backoff_s, gather_s, max_batch
         self.url = self.endpoint = self.generator_url = ""
+        self.shown_url = ""  # the endpoint as status and the log show it (redacted_url)
         self.resend_s, self.queue_max = 60.0, 1000
         self.lock = threading.Lock()  # the supervisor thread offers, the posting thread takes
         # What Alertmanager must hear, each at most queue_max (least recently changed dropped first):
@@ -131,6 +188,7 @@ class AlertForwarder:
         with self.lock:
             moved = url != self.url
             self.url, self.endpoint = url, webhook_endpoint(url) if url else ""
+            self.shown_url = redacted_url(self.endpoint)
             self.resend_s, self.queue_max, self.generator_url = float(resend_s), int(queue), generator_url
             if not url:
                 self.firing.clear()
@@ -181,7 +239,7 @@ class AlertForwarder:
         refused by the receiver), queued (waiting for their first delivery)."""
         with self.lock:
             queued = len(self.ending) + sum(1 for e in self.firing.values() if not e.last_sent)
-            return {"enabled": bool(self.url), "url": self.endpoint or None, "sent": self.sent,
+            return {"enabled": bool(self.url), "url": self.shown_url or None, "sent": self.sent,
                     "failed": self.failed, "dropped": self.dropped, "queued": queued,
                     "queue_max": self.queue_max, "firing": len(self.firing), "resend_s": self.resend_s,
                     "last_error": self.last_error, "last_sent_at": self.last_sent_at,
@@ -241,7 +299,7 @@ class AlertForwarder:
             self.sent += len(ends) + len(firing)
             self.last_sent_at = now
             if self.failing_since is not None:
-                print(f"alert forwarding: {self.endpoint} takes alerts again", file=sys.stderr, flush=True)
+                print(f"alert forwarding: {self.shown_url} takes alerts again", file=sys.stderr, flush=True)
             self.failing_since = None
 
     def undelivered(self, ends: list[dict], firing: list[dict], error: str, *, retry: bool) -> None:
@@ -284,7 +342,9 @@ class AlertForwarder:
         self._loop = asyncio.get_running_loop()
         failures = 0
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout, headers={"User-Agent": "pagewarden"}) as session:
+        # auto_decompress off: a gzip answer of 1 MiB would be 1 GiB once inflated
+        async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False, read_bufsize=READ_BUFFER_BYTES,
+                                         headers={"User-Agent": "pagewarden", "Accept-Encoding": "identity"}) as session:
             while not self._stopping:
                 self._wake.clear()  # before take(): a change offered after it wakes the wait below
                 ends, firing = self.take(time.time()) if self.url else ([], [])
@@ -305,18 +365,30 @@ class AlertForwarder:
                     await self._sleep(min(most, first * 2 ** (failures - 1)))
 
     async def _post(self, session, alerts: list[dict]) -> tuple[str | None, bool]:
-        """(None, _) when delivered; else (why, whether to retry)."""
+        """(None, _) when delivered; else (why, whether to retry). A redirect is not followed:
+        it is a failed delivery (naming the Location refused), retried like a 5xx."""
         import aiohttp
 
+        shown = self.shown_url
         try:
-            async with session.post(self.endpoint, json=alerts) as response:
-                if 200 <= response.status < 300:
+            async with session.post(self.endpoint, json=alerts, allow_redirects=False) as response:
+                status = response.status
+                head = b"" if 200 <= status < 300 else await _read_head(response.content)
+                if not response.content.at_eof():
+                    response.close()  # the rest is never read: the connection goes with it
+                if 200 <= status < 300:
                     return None, False
-                body = (await response.text(errors="replace"))[:200]
-                why = f"{self.endpoint} answered {response.status}: {body.strip()}"
-                return why, response.status >= 500 or response.status in (408, 429)
+                if 300 <= status < 400:
+                    location = _printable(redacted_url(response.headers.get("Location", "")))
+                    return (f"{shown} answered {status}, a redirect to {location or '(no Location)'}: "
+                            "not followed (alerts go to the configured URL only)"), True
+                return f"{shown} answered {status}{_body_note(response, head)}", status >= 500 or status in (408, 429)
+        except aiohttp.ClientResponseError as exc:  # (its text holds the URL, query included)
+            return f"{shown}: {type(exc).__name__}: {exc.status}, {_printable(str(exc.message))}", True
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
-            return f"{self.endpoint}: {type(exc).__name__}: {exc or 'timed out'}", True
+            why = str(exc).replace(self.endpoint, shown) or "timed out"
+            query = urlsplit(self.endpoint).query
+            return f"{shown}: {type(exc).__name__}: {why.replace(query, '(query)') if query else why}", True
 
     async def _wait(self, timeout_s: float | None) -> None:
         try:

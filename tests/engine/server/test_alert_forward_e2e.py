@@ -1,13 +1,16 @@
 """Issue 15: a real `serve` forwards its alerts to an Alertmanager-compatible receiver on
 loopback (POST /api/v2/alerts, the v2 format), resends them while firing, counts what it sent
-in status and /metrics, and keeps serving when the receiver is down."""
+in status and /metrics, and keeps serving when the receiver is down — or hostile: a 1 GiB
+answer costs the supervisor no memory, a ?token= in the URL is shown to no viewer."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +18,8 @@ from engine.client import RemoteError
 from engine.config import REPO_ROOT
 from engine.http.prometheus_text import exposition
 from engine.wire.alert_kinds import BY_NAME
-from tests.alertmanager_receiver import AlertmanagerReceiver
+from tests.alertmanager_receiver import AlertmanagerReceiver, Answer
+from tests.engine.server.test_alert_forward_bounds import HUGE, MAX_WRITTEN
 
 SMALL = {"engine": {"context_window": 1024}, "pools": {"prefill": {"pages": 4}, "decode": {"pages": 8}}}
 TOO_LONG = [256] + [65] * 64  # 65 tokens: the prefill pool holds 64
@@ -87,6 +91,37 @@ def test_a_receiver_that_is_down_never_stops_the_engine(start_server, receiver):
     assert "too-long-down" in rejected["annotations"]["requests"]
     # so does the standing capacity finding (a window of 1,024 over a 64-token prefill pool)
     assert receiver.alerts("capacity_exceeds_window")[0]["labels"]["severity"] == "critical"
+
+
+def peak_rss_kib(pid: int) -> int:
+    """A process's peak resident memory so far (VmHWM), KiB."""
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmHWM:"))
+    return int(line.split()[1])
+
+
+def test_a_hostile_receiver_costs_the_supervisor_no_memory_and_viewers_no_secret(start_server, receiver):
+    # every client a viewer; the standing capacity finding (SMALL) is resent every second
+    url = receiver.url + "/am?token=s3cret"
+    server = start_server("--local-role", "viewer", alerts={"webhook_url": url, "webhook_resend_s": 1}, **SMALL)
+    client = server.client()
+    receiver.wait_for(lambda got: any(a["labels"]["alertname"] == "capacity_exceeds_window" for a in got))
+    wait_status(client, lambda s: s["alert_forwarding"]["sent"] >= 1)  # the forwarder is warm
+    before = peak_rss_kib(server.proc.pid)
+    receiver.then = Answer(500, **HUGE)  # from now on every POST is answered with 1 GiB
+    status = wait_status(client, lambda s: s["alert_forwarding"]["failed"] >= 2)
+    grown = peak_rss_kib(server.proc.pid) - before
+    # (a few MB: the supervisor answers status meanwhile; 2.2 GB when the forwarder read it all)
+    assert grown <= 16 * 1024, f"the supervisor's peak RSS grew {grown:,} KiB: at most 16,384"
+    assert client.call("ping")["pong"]  # still answering
+    assert "answered 500 (a body of 1,073,741,824 bytes" in status["alert_forwarding"]["last_error"]
+    written = receiver.wait_written(len(receiver.paths))  # (every answer begun has ended)
+    assert 0 < max(written) < MAX_WRITTEN, written  # the rest of each 1 GiB was never asked for
+    # the secret reached the receiver, and nobody else
+    assert all(path.endswith("/am/api/v2/alerts?token=s3cret") for path in receiver.paths)
+    assert status["alert_forwarding"]["url"] == receiver.url + "/am/api/v2/alerts"
+    assert status["config"]["alerts"]["webhook_url"] == receiver.url + "/am"
+    assert "s3cret" not in json.dumps(status) and "s3cret" not in json.dumps(server.ready)
+    assert "s3cret" not in server.log_path.read_text()
 
 
 def test_a_bad_alert_webhook_is_refused_with_the_value(tmp_path):
