@@ -42,6 +42,9 @@ def cmd_serve(args) -> int:
     from engine.server.supervisor import Supervisor
 
     die_with_parent_from_env()  # started by LocalServer: end (SIGTERM, a clean stop) with it
+    from engine.server.memory_trace import install_from_env
+
+    install_from_env()  # a soak's allocation sites, only when PAGEWARDEN_TRACEMALLOC names a file
 
     curve = None
     try:

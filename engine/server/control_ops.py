@@ -359,7 +359,11 @@ class ControlOps:
         self._reply(identity, msg, {"since": since, "until": time.time(), "requests": requests,
                                     "engine_events": other, "next": more,
                                     "telemetry": sup.telemetry.since(since) if not after else [],
-                                    "keyframes": frames, "keyframes_left_out": frames_left_out})
+                                    "keyframes": frames, "keyframes_left_out": frames_left_out,
+                                    # older requests left memory (the journal keeps them): a window
+                                    # that starts before forgotten_until is partial here
+                                    "audit_kept": sup.audit.max_requests, "audit_forgotten": sup.audit.forgotten,
+                                    "audit_forgotten_until": sup.audit.forgotten_until})
 
     def op_ground_truth(self, identity: bytes, msg: Message) -> None:
         """Every decode worker's own list of the cross-request reads it saw happen."""

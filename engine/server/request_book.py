@@ -29,7 +29,7 @@ EDGES = {
     Phase.PREFILLING: {Phase.DECODING},
     Phase.DECODING: set(),
 }
-KEEP_DONE = 10_000  # ended requests remembered (status, audit) before the oldest are forgotten
+KEEP_DONE = 5_000  # ended requests remembered (status, audit) before the oldest are forgotten (the journal keeps all)
 
 
 class RequestBook:

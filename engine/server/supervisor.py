@@ -34,7 +34,7 @@ from engine.server.evidence_feed import EvidenceFeed, journal_path
 from engine.server.metrics import MetricsWindow
 from engine.server.request_book import RequestBook
 from engine.server.request_record import Phase, RequestRecord
-from engine.server.telemetry import TelemetryPublisher, release_freed_memory
+from engine.server.telemetry import TelemetryPublisher
 from engine.server.worker_handle import WorkerHandle, WorkerState
 from engine.server.worker_pool import WorkerPool
 from engine.wire.protocol import CANARY_TENANT, ProtocolError, error_reply, message_id, pack, unpack
@@ -47,6 +47,7 @@ PROGRESS_PERIOD_S = 0.5
 WORKERS_PERIOD_S = 2.0
 CAPACITY_PERIOD_S = 10.0
 QUEUED_NEEDS = ("decode", "prefill")  # what a queued request waits for, in the order it needs them
+PROMPT_LOG_KEPT = 10_000  # prompt-log entries in memory (the evidence journal keeps every one)
 
 
 class Supervisor:
@@ -103,7 +104,7 @@ class Supervisor:
         self.rollback = None  # engine.server.reconfigure.Rollback while a reconfigure is being taken up
         self.pending_metadata: dict[int, tuple[bytes, object]] = {}
         self.pending_truth: dict[int, dict] = {}
-        self.prompt_log: deque[dict] = deque(maxlen=100_000)
+        self.prompt_log: deque[dict] = deque(maxlen=PROMPT_LOG_KEPT)
         self.slots = itertools.count(1)
         self.ask_ids = itertools.count(1)
         self.started_at = time.time()
@@ -152,34 +153,18 @@ class Supervisor:
             self.curve.secure(pub)
         return pub
 
-    def reset_publisher(self, give_up_s: float = 5.0) -> None:
-        """More distinct subscriptions than TelemetryPublisher.limit: libzmq holds each one and
-        cannot drop a single peer's, so close the publisher (freeing them all) and bind a new
-        one at the same endpoint. Subscribers reconnect and subscribe again by themselves
-        (they see a sequence gap); a peer that floods again is refused again. Alerts once per
-        reset (coalesced by the alert book)."""
-        refused = self.telemetry.refused_subscriptions
+    def reset_publisher(self) -> None:
+        """More distinct subscriptions than TelemetryPublisher.limit: the publisher is closed
+        and bound again (TelemetryPublisher.reset, shared with the vLLM agent). Alerts once
+        per reset (coalesced by the alert book)."""
         self.poller.unregister(self.pub)
-        self.pub.close(linger=0)
-        pub = self._publisher()
-        deadline = time.monotonic() + give_up_s
-        while True:  # the old listener is closed by libzmq's I/O thread, soon after close()
-            try:
-                pub.bind(self.telemetry_endpoint)
-                break
-            except zmq.ZMQError as exc:
-                if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
-                    pub.close(linger=0)
-                    raise
-                time.sleep(0.01)
-        self.pub = pub
-        self.poller.register(pub, zmq.POLLIN)
-        self.telemetry.replace(pub)
-        release_freed_memory()
-        self.alert("telemetry_subscriptions_capped", "warning",
-                   f"more than {self.telemetry.limit} distinct telemetry subscriptions ({refused} refused "
-                   f"in all): the publisher was reset; subscribers reconnect and see a sequence gap",
-                   subject="telemetry", refused=refused, resets=self.telemetry.resets)
+        try:
+            self.telemetry.reset(self._publisher, self.telemetry_endpoint)
+        finally:  # bound again or not, the new socket is the one to poll and to close
+            self.pub = self.telemetry.sock
+            self.poller.register(self.pub, zmq.POLLIN)
+        self.alert("telemetry_subscriptions_capped", "warning", self.telemetry.capped_detail(), subject="telemetry",
+                   refused=self.telemetry.refused_subscriptions, resets=self.telemetry.resets)
 
     # ---- lifecycle --------------------------------------------------------------------
     def start_workers(self) -> None:

@@ -99,3 +99,15 @@ def test_an_answer_over_the_frame_limit_is_an_error_not_silence(monkeypatch):
     assert "2,0" in answer.get("error")["message"] and "1,000" in answer.get("error")["message"]
     ops._reply(b"id", Message({"op": "history", "id": 10}), {"requests": ["x" * 10]})
     assert unpack(sent[1]).op == "reply"
+
+
+def test_forgotten_subjects_are_counted_with_the_newest_time_they_reached():
+    """Memory keeps the newest requests; what it let go is counted, so that a window that reaches
+    before `forgotten_until` is known to be partial here (the journal has it whole)."""
+    from engine.server.audit import AuditLog
+
+    log = AuditLog(max_requests=3)
+    for i in range(5):
+        log.record(f"r{i}", "admitted")
+    assert log.forgotten == 2 and [s for s, _, _ in log.since(0.0)] == ["r2", "r3", "r4"]
+    assert 0.0 < log.forgotten_until <= log.since(0.0)[0][1][0]["time"]
