@@ -19,9 +19,11 @@ from engine.wire.sockets import drain
 RECENT_MESSAGES = 50_000
 # Distinct topics subscribed at once. libzmq keeps every subscription in a trie (~24 bytes
 # per byte of topic, topics are at most MAX_SUBSCRIPTION_FRAME long) and cannot drop one
-# peer's; past the limit the supervisor resets the publisher (Supervisor.reset_publisher):
-# ~3 MB at most. The app subscribes to a handful of topics (one per pool, plus ~8).
+# peer's; past the limit the owner resets the publisher (TelemetryPublisher.reset, used by
+# the supervisor and the vLLM agent): ~3 MB at most. The app subscribes to a handful of
+# topics (one per pool, plus ~8).
 MAX_SUBSCRIPTIONS = 256
+REBIND_GIVE_UP_S = 5.0  # libzmq's I/O thread frees the old listener within milliseconds
 
 
 def release_freed_memory() -> None:
@@ -87,7 +89,9 @@ class TelemetryPublisher:
             pass  # a PUB never blocks; a slow subscriber sees a sequence gap
 
     def drain_subscriptions(self) -> bool:
-        """Read (un)subscribe messages; returns True when interest in pages changed."""
+        """Read (un)subscribe messages; returns True when interest in pages changed. Stops at
+        the first topic past the limit (`over_limit`): the owner resets the publisher then,
+        and every subscription libzmq took meanwhile would only be freed with it."""
         before = self.wants_pages()
         for frames in drain(self.sock, copy=True):
             frame = frames[0]
@@ -95,7 +99,7 @@ class TelemetryPublisher:
                 if frame[1:] not in self.subscriptions and len(self.subscriptions) >= self.limit:
                     self.refused_subscriptions += 1  # libzmq holds it already: only a reset frees it
                     self.over_limit = True
-                    continue
+                    break
                 self.subscriptions.add(frame[1:])
             elif frame[:1] == b"\x00":
                 self.subscriptions.discard(frame[1:])
@@ -110,6 +114,34 @@ class TelemetryPublisher:
         self.subscriptions.clear()
         self.over_limit = False
         self.resets += 1
+
+    def reset(self, make_socket, endpoint: str, give_up_s: float = REBIND_GIVE_UP_S) -> zmq.Socket:
+        """More distinct subscriptions than `limit`: libzmq holds each one and cannot drop a
+        single peer's, so close the publisher (freeing them all), bind `make_socket()` at the
+        same `endpoint` and publish on it. Subscribers reconnect and subscribe again by
+        themselves (they see a sequence gap); a peer that floods again is refused again.
+        Returns the new socket (the caller polls it). Raises zmq.ZMQError when `endpoint`
+        cannot be bound again within `give_up_s`; the new socket is published on all the same
+        (unbound: every message dropped), so publishing never fails."""
+        self.sock.close(linger=0)
+        sock = make_socket()
+        self.replace(sock)
+        deadline = time.monotonic() + give_up_s
+        while True:  # the old listener is closed by libzmq's I/O thread, soon after close()
+            try:
+                sock.bind(endpoint)
+                break
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        release_freed_memory()
+        return sock
+
+    def capped_detail(self) -> str:
+        """The `telemetry_subscriptions_capped` alert's text after a reset."""
+        return (f"more than {self.limit} distinct telemetry subscriptions ({self.refused_subscriptions} refused "
+                "in all): the publisher was reset; subscribers reconnect and see a sequence gap")
 
     def describe(self, limit: int = 64) -> dict:
         """For status: the topics someone subscribes to (a client can wait until its own

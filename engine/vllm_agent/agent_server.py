@@ -107,6 +107,8 @@ class AgentServer:
             ready = dict(poller.poll(POLL_MS))
             if self.pub in ready:
                 self.telemetry.drain_subscriptions()
+                if self.telemetry.over_limit:
+                    self._reset_publisher(poller)
             if self.control in ready:
                 for frames in drain(self.control):
                     self._answer(frames)
@@ -126,6 +128,24 @@ class AgentServer:
             self._publish_metrics()
             self.alerts.expire()
             self.cost["thread_cpu_s"] = time.thread_time()
+
+    def _reset_publisher(self, poller: zmq.Poller) -> None:
+        """Past TelemetryPublisher.limit distinct topics: close the XPUB (libzmq frees every
+        subscription with it) and bind a new one where it was, as the supervisor does. A
+        failure is an alert; the agent, and vLLM around it, go on either way."""
+        poller.unregister(self.pub)
+        try:
+            self.telemetry.reset(lambda: harden(self.ctx.socket(zmq.XPUB), "publisher"), self.telemetry_endpoint)
+        except zmq.ZMQError as exc:
+            self.alerts.fire("telemetry_unavailable", "critical",
+                             f"the telemetry publisher could not be bound again at {self.telemetry_endpoint} "
+                             f"after a reset ({exc}); the control socket still answers", subject="telemetry")
+        finally:  # bound again or not, the new socket is the one to poll and to close
+            self.pub = self.telemetry.sock
+            poller.register(self.pub, zmq.POLLIN)
+        self.alerts.fire("telemetry_subscriptions_capped", "warning", self.telemetry.capped_detail(),
+                         subject="telemetry", refused=self.telemetry.refused_subscriptions,
+                         resets=self.telemetry.resets)
 
     def _fold(self, snap: PoolSnapshot) -> None:
         self.counters["snapshots"] += 1
