@@ -5,6 +5,7 @@ beside the target and renames it into place (a crash never leaves half a bundle 
 final name). `read_bundle` never trusts the file: an unreadable zip or manifest raises
 SnapshotError with a message saying what is wrong; a file whose hash differs from the
 manifest, a missing or unexpected file, or a schema problem is a warning on the result.
+What the members inflate to and parse into is bounded too (bundle_limits.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,19 +25,25 @@ import numpy as np
 
 from engine.wire.protocol import OPTIONAL_PAGE_FIELDS, PAGE_FIELDS
 from gui.snapshot import first_crossing
+from gui.snapshot.bundle_limits import (
+    MAX_MEMBER_BYTES,
+    MAX_MEMBERS,
+    MAX_TOTAL_BYTES,
+    JsonLines,
+    ReadBudget,
+    SnapshotError,
+    is_pool,
+    parsed_cost,
+    read_jsonl,
+    read_npz,
+)
 from gui.snapshot.collect import SCHEMA, Snapshot
 
 METRIC_COLUMNS = ("time", "tokens_per_s", "ttft_ms_p50", "ttft_ms_max", "tpot_ms_p50", "queue_depth", "running")
-# Checked against the sizes the zip declares, before anything is inflated (zip bombs: a
-# 4.8 MB bundle of four 1 GiB members took 23 s and 5.25 GB to read). zipfile refuses a
-# member whose data inflates past its declared size, so the declared sizes bound memory.
-MAX_MEMBER_BYTES = 1 << 30
-MAX_TOTAL_BYTES = 2 << 30
-MAX_MEMBERS = 10_000
-
-
-class SnapshotError(Exception):
-    """The bundle cannot be opened at all; the message says why."""
+EVENTS = "events.jsonl"  # read line by line, never whole (bundle_limits.read_jsonl)
+# What a damaged member raises as it is inflated: a warning, unless the member is essential.
+# NotImplementedError: an unknown compression method; RuntimeError: the encrypted flag.
+DAMAGED = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, NotImplementedError, RuntimeError)
 
 
 @dataclass
@@ -157,13 +165,15 @@ def write_bundle(snap: Snapshot, path: str | Path, progress=None) -> Path:
 
 
 def read_bundle(path: str | Path) -> OpenedSnapshot:
-    """Open and check a bundle. Raises SnapshotError when it cannot be shown at all."""
+    """Open and check a bundle. Raises SnapshotError when it cannot be shown at all, or when
+    a member would inflate or parse past a limit (bundle_limits.py)."""
     path = Path(path)
     try:
         zf = zipfile.ZipFile(path)
     except FileNotFoundError:
         raise SnapshotError(f"{path}: no such file") from None
-    except (zipfile.BadZipFile, OSError) as exc:
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
+        # NotImplementedError: a version needed to extract past zipfile's; ValueError: a name not UTF-8
         raise SnapshotError(f"{path} is not a readable zip file ({exc}); it may be truncated") from None
     with zf:
         members = {}
@@ -174,23 +184,30 @@ def read_bundle(path: str | Path) -> OpenedSnapshot:
         if total > MAX_TOTAL_BYTES:
             raise SnapshotError(f"{path}: its members claim {total:,} bytes in all (limit {MAX_TOTAL_BYTES:,}); "
                                 f"nothing was inflated")
+        budget = ReadBudget(path, MAX_MEMBER_BYTES, MAX_TOTAL_BYTES)
         for info in infos:
             if info.file_size > MAX_MEMBER_BYTES:
                 raise SnapshotError(f"{path}: member {info.filename} claims {info.file_size:,} bytes "
                                     f"(limit {MAX_MEMBER_BYTES:,})")
             try:
-                members[info.filename] = zf.read(info)
-            except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+                if info.filename == EVENTS:
+                    members[info.filename] = read_jsonl(zf, info, budget)
+                else:
+                    budget.charge(info.filename, info.file_size, f"its {info.file_size:,} bytes")
+                    members[info.filename] = zf.read(info)
+            except DAMAGED as exc:
                 members[info.filename] = exc  # a damaged member: a warning, unless it is essential
-    return _check(path, members)
+    return _check(path, members, budget)
 
 
-def _load_json(path: Path, members: dict, name: str) -> dict:
+def _load_json(path: Path, members: dict, name: str, budget: ReadBudget) -> dict:
     data = members.get(name)
     if data is None:
         raise SnapshotError(f"{path}: the bundle has no {name}")
     if isinstance(data, Exception):
         raise SnapshotError(f"{path}: {name} cannot be read ({data})")
+    cost = parsed_cost(data)
+    budget.charge(name, cost, f"parsing it (about {cost:,} bytes)", parsed=True)
     try:
         document = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -204,10 +221,14 @@ def _load_json(path: Path, members: dict, name: str) -> dict:
     return document
 
 
-def _check(path: Path, members: dict) -> OpenedSnapshot:
+def _sha256(data: bytes | JsonLines) -> str:
+    return data.sha256 if isinstance(data, JsonLines) else hashlib.sha256(data).hexdigest()
+
+
+def _check(path: Path, members: dict, budget: ReadBudget) -> OpenedSnapshot:
     from gui.snapshot.schema import validate
 
-    manifest = _load_json(path, members, "manifest.json")
+    manifest = _load_json(path, members, "manifest.json", budget)
     if manifest.get("schema") != SCHEMA:
         raise SnapshotError(f"{path}: manifest schema {manifest.get('schema')!r} is not {SCHEMA!r}")
     warnings = list(validate("manifest.json", manifest))  # each names its file
@@ -218,52 +239,52 @@ def _check(path: Path, members: dict) -> OpenedSnapshot:
             warnings.append(f"{name} is listed in the manifest but missing from the bundle")
         elif isinstance(data, Exception):
             warnings.append(f"{name} cannot be read ({data})")
-        elif hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+        elif _sha256(data) != entry.get("sha256"):
             warnings.append(f"{name} does not match its sha256 in the manifest: it was changed after export")
     for name in sorted(set(members) - set(listed) - {"manifest.json"}):
         warnings.append(f"{name} is in the bundle but not in the manifest")
-    state = _load_json(path, members, "state.json")
+    state = _load_json(path, members, "state.json", budget)
     warnings += validate("state.json", state)
-    pages = _pages(members.get("pages.npz"), warnings)
+    pages = _pages(members.get("pages.npz"), warnings, budget)
     images = {n: d for n, d in members.items() if n.endswith(".png") and isinstance(d, bytes)}
-    events = _events(members.get("events.jsonl"), warnings)
-    crossing = first_crossing.from_npz(members.get(first_crossing.NPZ), warnings)
+    events = _events(members.get(EVENTS), warnings)
+    crossing = first_crossing.from_npz(members.get(first_crossing.NPZ), warnings, budget)
     return OpenedSnapshot(path, manifest, state, pages, images, events, warnings, crossing)
 
 
-def _pages(data, warnings: list[str]) -> dict[str, dict[str, np.ndarray]]:
+def _pages(data, warnings: list[str], budget: ReadBudget | None = None) -> dict[str, dict[str, np.ndarray]]:
+    """pages.npz's pools, each with all of PAGE_FIELDS of one length; a damaged archive or
+    pool is a warning. Raises SnapshotError past a limit (bundle_limits.read_npz)."""
     if not isinstance(data, bytes):
         warnings.append("pages.npz is missing or unreadable: no page maps")
         return {}
+    budget = budget or ReadBudget("pages.npz")
     pages: dict[str, dict[str, np.ndarray]] = {}
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            for key in npz.files:
-                pool, _, name = key.rpartition("/")
-                if pool and (name in PAGE_FIELDS or name in OPTIONAL_PAGE_FIELDS):
-                    pages.setdefault(pool, {})[name] = npz[key]
-    except Exception as exc:  # numpy raises many kinds for a damaged archive
+        arrays = read_npz(data, "pages.npz", budget, wanted=_is_page_array)
+    except SnapshotError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a damaged archive raises many kinds (zipfile, zlib, numpy)
         warnings.append(f"pages.npz cannot be read ({type(exc).__name__}: {exc}): no page maps")
         return {}
+    for key, array in arrays.items():
+        pool, _, name = key.rpartition("/")
+        pages.setdefault(pool, {})[name] = array
     for pool, arrays in list(pages.items()):
-        sizes = {len(a) for a in arrays.values()}
-        if not set(PAGE_FIELDS) <= set(arrays) or len(sizes) != 1:
-            warnings.append(f"pages.npz: pool {pool} has arrays {sorted(arrays)} of lengths {sorted(sizes)}; "
-                            f"it is left out")
+        if not is_pool(arrays):
+            warnings.append(f"pages.npz: pool {pool} has arrays {sorted(arrays)} of lengths "
+                            f"{sorted({a.size for a in arrays.values()})}; it is left out")
             del pages[pool]
     return pages
 
 
+def _is_page_array(key: str) -> bool:
+    pool, _, name = key.rpartition("/")
+    return bool(pool) and (name in PAGE_FIELDS or name in OPTIONAL_PAGE_FIELDS)
+
+
 def _events(data, warnings: list[str]) -> list[dict]:
-    if not isinstance(data, bytes):
+    if not isinstance(data, JsonLines):
         return []
-    events = []
-    for number, line in enumerate(data.splitlines(), 1):
-        try:
-            event = json.loads(line)
-        except (UnicodeDecodeError, ValueError, RecursionError):  # not JSON, a huge number, too deep
-            warnings.append(f"events.jsonl line {number} cannot be read as JSON; the rest is skipped")
-            break
-        if isinstance(event, dict):
-            events.append(event)
-    return events
+    warnings += data.problems
+    return data.records

@@ -87,9 +87,12 @@ def to_npz(chosen: dict[str, dict]) -> bytes:
     return out.getvalue()
 
 
-def from_npz(data, warnings: list[str]) -> dict[str, dict]:
+def from_npz(data, warnings: list[str], budget=None) -> dict[str, dict]:
     """{pool: {"time", "reason", "arrays"}} from pages-first-crossing.npz bytes; {} (and a
-    warning) when it cannot be read. None (the member is absent): {} and no warning."""
+    warning) when it cannot be read. None (the member is absent): {} and no warning. Raises
+    SnapshotError when an array passes a limit of bundle_limits (charged to `budget`)."""
+    from gui.snapshot.bundle_limits import ReadBudget, SnapshotError, is_pool, read_npz
+
     if data is None:
         return {}
     if not isinstance(data, bytes):
@@ -97,26 +100,33 @@ def from_npz(data, warnings: list[str]) -> dict[str, dict]:
         return {}
     frames: dict[str, dict] = {}
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            for key in npz.files:
-                pool, _, name = key.rpartition("/")
-                if not pool:
-                    continue
-                frame = frames.setdefault(pool, {"time": None, "reason": REASON, "arrays": {}})
-                if name == "time":
-                    frame["time"] = float(npz[key])
-                elif name in PAGE_FIELDS or name in OPTIONAL_PAGE_FIELDS:
-                    frame["arrays"][name] = npz[key]
-    except Exception as exc:  # numpy raises many kinds for a damaged archive
+        arrays = read_npz(data, NPZ, budget or ReadBudget(NPZ), wanted=_is_frame_array)
+        for key, array in arrays.items():
+            pool, _, name = key.rpartition("/")
+            frame = frames.setdefault(pool, {"time": None, "reason": REASON, "arrays": {}})
+            if name == "time":
+                if array.size != 1:
+                    raise ValueError(f"{key} holds {array.size} values, not one time")
+                frame["time"] = float(array.reshape(-1)[0])
+            else:
+                frame["arrays"][name] = array
+    except SnapshotError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a damaged archive raises many kinds (zipfile, zlib, numpy)
         warnings.append(f"{NPZ} cannot be read ({type(exc).__name__}: {exc}): no first-crossing page maps")
         return {}
     for pool, frame in list(frames.items()):
         arrays = frame["arrays"]
-        if not set(PAGE_FIELDS) <= set(arrays) or len({len(a) for a in arrays.values()}) != 1:
+        if not is_pool(arrays):
             warnings.append(f"{NPZ}: pool {pool} has arrays {sorted(arrays)} of lengths "
-                            f"{sorted({len(a) for a in arrays.values()})}; it is left out")
+                            f"{sorted({a.size for a in arrays.values()})}; it is left out")
             del frames[pool]
     return frames
+
+
+def _is_frame_array(key: str) -> bool:
+    pool, _, name = key.rpartition("/")
+    return bool(pool) and (name == "time" or name in PAGE_FIELDS or name in OPTIONAL_PAGE_FIELDS)
 
 
 def crossed_pages(arrays: dict[str, np.ndarray]) -> np.ndarray:

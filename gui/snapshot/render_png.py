@@ -82,14 +82,21 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2:
         print("usage: python -m gui.snapshot.render_png BUNDLE.zip OUT.png", file=sys.stderr)
         return 2
+    from gui.snapshot.bundle_limits import MAX_MEMBER_BYTES
+
     bundle, out = args
     with zipfile.ZipFile(bundle) as archive, tempfile.TemporaryDirectory(prefix="pagewarden-report-") as tmp:
         names = [n for n in archive.namelist() if n == "report.html" or n.endswith("/report.html")]
         if not names:
             print(f"{bundle} has no report.html", file=sys.stderr)
             return 1
+        info = archive.getinfo(min(names, key=len))
+        if info.file_size > MAX_MEMBER_BYTES:  # a zip bomb: the declared size bounds what zipfile inflates
+            print(f"{bundle}: {info.filename} claims {info.file_size:,} bytes (limit {MAX_MEMBER_BYTES:,})",
+                  file=sys.stderr)
+            return 1
         html = Path(tmp) / "report.html"
-        html.write_bytes(archive.read(min(names, key=len)))
+        html.write_bytes(archive.read(info))
         print(render_html_to_png(html, out))
     return 0
 

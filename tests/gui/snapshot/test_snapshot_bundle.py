@@ -220,3 +220,89 @@ def test_malformed_records_become_problems_never_exceptions(tmp_path):
     _rewrite(path, tmp_path / "bad.zip", break_state)
     state, problems = state_from_snapshot(read_bundle(tmp_path / "bad.zip"))
     assert problems and any("not a record" in p or "not an object" in p for p in problems)
+
+
+# ---- bombs inside the bundle: the members' own contents ------------------------------------
+
+_FAR_BELOW = 32 << 20  # what reading a bomb may add to the reader's peak memory (measured: 4-8 MB)
+
+
+@pytest.fixture(scope="module")
+def valid_bundle(tmp_path_factory):
+    return write_bundle(make_snapshot(), tmp_path_factory.mktemp("valid") / "s.zip")
+
+
+def test_an_array_declaring_3_gib_is_refused_from_its_header_not_inflated(valid_bundle, tmp_path):
+    """The finding: a 0.07 MB bundle whose pages.npz held one 3 GiB array took 3.2 GB (peak
+    RSS increase) and 12-30 s to read; it is refused before a byte of the array is inflated."""
+    from tests.gui.snapshot.bundle_bombs import npz_bomb, reading_cost
+
+    bomb = npz_bomb(valid_bundle, tmp_path / "bomb.zip", gib=3)
+    assert bomb.stat().st_size < 1 << 20
+    cost = reading_cost(bomb)
+    assert cost["outcome"].startswith("SnapshotError: "), cost
+    assert ("pages.npz: decode-0/owner.npy declares 3,221,225,600 bytes inflated (limit 67,118,864: "
+            "8,388,608 pages of 8-byte values); nothing of it was inflated") in cost["outcome"]
+    assert cost["peak_increase_bytes"] < _FAR_BELOW, cost  # the array alone is 3,221 MB
+
+
+def test_an_events_jsonl_of_21_million_lines_stops_at_the_line_limit(valid_bundle, tmp_path):
+    """The finding: 60 MiB of `{}` lines (a 0.12 MB bundle) made 21 M dicts, 2.8 GB and 35-76 s;
+    the reader stops at line 50,001 of the stream, never holding the member whole."""
+    from tests.gui.snapshot.bundle_bombs import events_bomb, reading_cost
+
+    bomb = events_bomb(valid_bundle, tmp_path / "bomb.zip", mib=60)
+    assert bomb.stat().st_size < 1 << 20
+    cost = reading_cost(bomb)
+    assert cost["outcome"].endswith("events.jsonl has more than 50,000 lines (limit 50,000); "
+                                    "nothing past line 50,000 was parsed"), cost
+    assert cost["peak_increase_bytes"] < _FAR_BELOW, cost  # the member alone is 63 MB inflated, 2.8 GB parsed
+
+
+def test_a_damaged_deflate_stream_is_a_warning_not_a_crash(valid_bundle, tmp_path):
+    """zlib.error escaped read_bundle (and the app, which shows only SnapshotError)."""
+    raw = bytearray(valid_bundle.read_bytes())
+    with zipfile.ZipFile(valid_bundle) as zf:
+        info = zf.getinfo("metrics.csv")
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    raw[start:start + 8] = b"\xff" * 8  # the first deflate block: a reserved block type
+    (tmp_path / "bad.zip").write_bytes(bytes(raw))
+    opened = read_bundle(tmp_path / "bad.zip")
+    assert any(w.startswith("metrics.csv cannot be read") for w in opened.warnings), opened.warnings
+    assert opened.state["requests"] and opened.pages
+
+
+@pytest.mark.parametrize("field, offset, value", [("compression method 99", 10, 99), ("encrypted flag", 8, 1)])
+def test_a_member_that_zipfile_will_not_open_is_a_warning_or_a_clear_error(valid_bundle, tmp_path, field, offset,
+                                                                           value):
+    """NotImplementedError and RuntimeError escaped read_bundle."""
+    import struct
+
+    def changed(member: str):
+        raw = bytearray(valid_bundle.read_bytes())
+        with zipfile.ZipFile(valid_bundle) as zf:
+            names = [info.filename for info in zf.infolist()]
+        at = -1
+        for _ in range(names.index(member) + 1):  # the member's entry in the central directory
+            at = raw.find(b"PK\x01\x02", at + 1)
+        raw[at + offset:at + offset + 2] = struct.pack("<H", value)
+        path = tmp_path / f"{member}.zip"
+        path.write_bytes(bytes(raw))
+        return path
+
+    opened = read_bundle(changed("events.jsonl"))
+    assert opened.events == [] and any(w.startswith("events.jsonl cannot be read") for w in opened.warnings)
+    with pytest.raises(SnapshotError, match="state.json cannot be read"):
+        read_bundle(changed("state.json"))
+
+
+def test_a_zip_that_zipfile_will_not_open_is_a_clear_error(valid_bundle, tmp_path):
+    """A central directory naming a version needed to extract past 6.3 raised NotImplementedError."""
+    import struct
+
+    raw = bytearray(valid_bundle.read_bytes())
+    at = raw.find(b"PK\x01\x02")
+    raw[at + 6:at + 8] = struct.pack("<H", 99)
+    (tmp_path / "bad.zip").write_bytes(bytes(raw))
+    with pytest.raises(SnapshotError, match=r"is not a readable zip file \(zip file version 9.9\)"):
+        read_bundle(tmp_path / "bad.zip")
