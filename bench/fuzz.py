@@ -5,7 +5,8 @@
 Each target (tests/fuzz/parsers.py) may only return or raise its documented error. Inputs are
 mutations (bit flips, byte insertions and deletions, splices, repeats, nesting) of a small
 corpus of valid inputs: a control message, KV-event frames, a completion body, the shipped
-config, the default model's config.json, and a snapshot's JSON. Anything else raised is a
+config, the default model's config.json, a snapshot's JSON, and a real snapshot bundle with
+its inner members (events.jsonl, pages.npz, its .npy arrays). Anything else raised is a
 finding: its input is written to --out and it is counted by exception type and first line.
 Exit status 1 when anything was found.
 
@@ -46,7 +47,33 @@ def corpus() -> dict[str, list[bytes]]:
     body = b'{"prompt": "Repeat: abc", "max_tokens": 8, "temperature": 0, "stop": ["\\n"], "stream": false}'
     return {"control": [submit], "control-msgpack": [submit], "kv-events": [kv], "http-body": [body],
             "toml-config": [DEFAULT_CONFIG_PATH.read_bytes()], "config-json": [config_json],
-            "snapshot": [b'"a": 1', b'{"requests": [{"request_id": "r1", "phase": "queued"}], "alerts": []}']}
+            "snapshot": [b'"a": 1', b'{"requests": [{"request_id": "r1", "phase": "queued"}], "alerts": []}'],
+            **bundle_corpus()}
+
+
+def bundle_corpus() -> dict[str, list[bytes]]:
+    """A real bundle (deflated, and stored so that mutations reach its contents), its events.jsonl,
+    its pages.npz (compressed, and stored so that mutations reach the .npy headers), and .npy
+    members of format 1.0 and 2.0."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    from tests.fuzz.parsers import seed_bundle
+
+    with zipfile.ZipFile(io.BytesIO(seed_bundle())) as zf:
+        events, npz = zf.read("events.jsonl"), zf.read("pages.npz")
+    with np.load(io.BytesIO(npz)) as arrays:
+        stored = io.BytesIO()
+        np.savez(stored, **{key: arrays[key] for key in arrays.files})
+    npy = []
+    for array, version in ((np.arange(8, dtype=np.int32), (1, 0)), (np.full(4, -1, np.int64), (2, 0))):
+        out = io.BytesIO()
+        np.lib.format.write_array(out, array, version=version)
+        npy.append(out.getvalue())
+    return {"snapshot-zip": [seed_bundle(), seed_bundle(stored=True)], "snapshot-jsonl": [events],
+            "snapshot-npz": [npz, stored.getvalue()], "snapshot-npy": npy}
 
 
 def mutate(rng: random.Random, data: bytes, pool: list[bytes]) -> bytes:
@@ -128,6 +155,8 @@ def atheris_child(name: str, argv: list[str]) -> None:
         import engine.model.config  # noqa: F401
         import engine.wire.protocol  # noqa: F401
         import gui.snapshot.bundle  # noqa: F401
+        import gui.snapshot.bundle_limits  # noqa: F401
+        import gui.snapshot.first_crossing  # noqa: F401
     atheris.Setup([sys.argv[0], *argv], TARGETS[name])
     atheris.Fuzz()
 

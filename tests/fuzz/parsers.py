@@ -106,6 +106,88 @@ def snapshot_bundle(data: bytes) -> None:
         pass
 
 
+def snapshot_zip(data: bytes) -> None:
+    """The bundle file itself (bench/fuzz.py mutates a real one; test_parsers_fuzz.py flips its bytes)."""
+    _read_bundle_bytes(data)
+
+
+def snapshot_jsonl(data: bytes) -> None:
+    """events.jsonl of an otherwise valid bundle."""
+    _read_bundle_bytes(_bundle_with(**{"events.jsonl": data}))
+
+
+def snapshot_npz(data: bytes) -> None:
+    """pages.npz and pages-first-crossing.npz (an npz is a zip of .npy members), read as a bundle's."""
+    from gui.snapshot import first_crossing
+    from gui.snapshot.bundle import SnapshotError, _pages
+
+    try:
+        _pages(data, [])
+        first_crossing.from_npz(data, [])
+    except SnapshotError:
+        pass
+
+
+def snapshot_npy(data: bytes) -> None:
+    """One .npy member of pages.npz, among the pool's other arrays: its header and its data."""
+    import numpy as np
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name in ("epoch", "writer", "filled", "state"):
+            zf.writestr(f"decode-0/{name}.npy", _npy(np.zeros(4, np.int64)))
+        zf.writestr("decode-0/owner.npy", data)
+        zf.writestr("decode-0/time.npy", data)
+    snapshot_npz(buf.getvalue())
+
+
+def _npy(array) -> bytes:
+    import numpy as np
+
+    out = io.BytesIO()
+    np.save(out, array)
+    return out.getvalue()
+
+
+def seed_bundle(stored: bool = False) -> bytes:
+    """A valid bundle (the synthetic snapshot of the bundle tests), deflated or stored."""
+    global _SEED
+    if _SEED is None:
+        from gui.snapshot.bundle import write_bundle
+        from tests.gui.snapshot.test_snapshot_bundle import make_snapshot
+
+        _SEED = write_bundle(make_snapshot(), _scratch() / "seed.zip").read_bytes()
+    if not stored:
+        return _SEED
+    with zipfile.ZipFile(io.BytesIO(_SEED)) as zf:
+        return _bundle_with(**{info.filename: zf.read(info) for info in zf.infolist()})
+
+
+def _bundle_with(**replaced: bytes) -> bytes:
+    """The seed bundle with members replaced, stored (not deflated: quicker, and the bytes are the data)."""
+    global _SEED_MEMBERS
+    if _SEED_MEMBERS is None:
+        with zipfile.ZipFile(io.BytesIO(seed_bundle())) as zf:
+            _SEED_MEMBERS = {info.filename: zf.read(info) for info in zf.infolist()}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in {**_SEED_MEMBERS, **replaced}.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def _read_bundle_bytes(data: bytes) -> None:
+    from gui.model.snapshot_state import state_from_snapshot
+    from gui.snapshot.bundle import SnapshotError, read_bundle
+
+    path = _scratch() / "fuzz-bundle.zip"
+    path.write_bytes(data)
+    try:
+        state_from_snapshot(read_bundle(path))
+    except SnapshotError:
+        pass
+
+
 def _scratch():
     import pathlib
     import tempfile
@@ -117,7 +199,10 @@ def _scratch():
 
 
 _SCRATCH = None
+_SEED = None
+_SEED_MEMBERS = None
 
 TARGETS = {"control": control_message, "control-msgpack": msgpack_control_message, "kv-events": kv_events,
            "http-body": http_body, "toml-config": toml_config, "config-json": config_json,
-           "snapshot": snapshot_bundle}
+           "snapshot": snapshot_bundle, "snapshot-zip": snapshot_zip, "snapshot-jsonl": snapshot_jsonl,
+           "snapshot-npz": snapshot_npz, "snapshot-npy": snapshot_npy}

@@ -26,11 +26,61 @@ def test_random_bytes(name, data):
     TARGETS[name](data)
 
 
-@pytest.mark.parametrize("name", ["http-body", "config-json", "snapshot"])
+@pytest.mark.parametrize("name", ["http-body", "config-json", "snapshot", "snapshot-jsonl"])
 @FUZZ
 @given(value=json_values)
 def test_random_json(name, value):
     TARGETS[name](json.dumps(value).encode())
+
+
+@FUZZ
+@given(lines=st.lists(json_values.map(json.dumps) | st.binary(max_size=40).map(lambda b: b.decode("latin-1")),
+                      max_size=20))
+def test_random_event_lines(lines):
+    """events.jsonl of JSON values and junk, a line each."""
+    TARGETS["snapshot-jsonl"]("\n".join(lines).encode("utf-8", "surrogatepass"))
+
+
+_DESCRS = ["<i4", "<i8", ">i8", "|u1", "<f8", "<f2", "|b1", "<c16", "|O", "<U4", "|S3", "|V8", "<M8[ns]",
+           "[('a', '<i4')]", "'<i4'", "None", "'xyz'"]
+_SHAPES = st.one_of(st.tuples(), st.tuples(st.integers(-2, 10)), st.tuples(st.integers(0, 2**70)),
+                    st.tuples(st.integers(0, 10), st.integers(0, 2**40)), st.just("[4]"), st.just("'4'"))
+
+
+@FUZZ
+@given(descr=st.sampled_from(_DESCRS), fortran=st.sampled_from(["False", "True", "1"]), shape=_SHAPES,
+       version=st.sampled_from([b"\x01\x00", b"\x02\x00", b"\x03\x00"]), data=st.binary(max_size=64),
+       extra=st.integers(0, 40))
+def test_random_npy_headers(descr, fortran, shape, version, data, extra):
+    """.npy headers numpy could never write: odd dtypes, shapes, orders and format versions,
+    with data too short, right, or too long for them."""
+    descr = descr if descr.startswith(("[", "'", "N")) else repr(descr)
+    text = f"{{'descr': {descr}, 'fortran_order': {fortran}, 'shape': {shape}, }}".encode()
+    length = (len(text) + 1).to_bytes(2 if version == b"\x01\x00" else 4, "little")
+    TARGETS["snapshot-npy"](b"\x93NUMPY" + version + length + text + b"\n" + data + bytes(extra * 8))
+
+
+_SIGNATURES = [b"", b"PK\x03\x04", b"PK\x01\x02", b"PK\x05\x06"]  # anywhere, local, central, end record
+
+
+@FUZZ
+@given(stored=st.booleans(), flips=st.lists(st.tuples(st.sampled_from(_SIGNATURES), st.integers(0, 1 << 30),
+                                                      st.integers(0, 255)), min_size=1, max_size=8))
+def test_mutated_bundles(stored, flips):
+    """A real bundle with bytes changed: anywhere, or in a local header, a central directory
+    entry or the end record (versions, flags, methods, sizes, name lengths)."""
+    import re
+
+    from tests.fuzz.parsers import seed_bundle
+
+    seed = seed_bundle(stored)
+    data = bytearray(seed)
+    for signature, at, value in flips:
+        if signature:
+            starts = [m.start() for m in re.finditer(re.escape(signature), seed)] or [0]
+            at = starts[at % len(starts)] + at % 46
+        data[at % len(data)] = value
+    TARGETS["snapshot-zip"](bytes(data))
 
 
 @pytest.mark.parametrize("name", sorted(TARGETS))
