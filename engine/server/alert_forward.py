@@ -76,6 +76,15 @@ def shown_config(config) -> dict:
     return shown
 
 
+def shown_changes(changes: dict) -> dict:
+    """A reconfigure request as the audit and the journal keep it (viewers read both): a
+    webhook_url in it redacted."""
+    alerts = changes.get("alerts") if isinstance(changes, dict) else None
+    if not isinstance(alerts, dict) or not isinstance(alerts.get("webhook_url"), str):
+        return changes
+    return {**changes, "alerts": {**alerts, "webhook_url": redacted_url(alerts["webhook_url"])}}
+
+
 def instance_label(control_endpoint: str) -> str:
     """The control endpoint with a loopback or wildcard host replaced by this host's name:
     two engines on two machines, both on tcp://127.0.0.1:5650, are two instances."""

@@ -12,7 +12,7 @@ from engine import __version__
 from engine.admission import check_admission, check_prompt_ids
 from engine.errors import AdmissionRejected, Forbidden, InvalidRequest, PageWardenError
 from engine.request import SamplingParams
-from engine.server.alert_forward import shown_config
+from engine.server.alert_forward import shown_changes, shown_config
 from engine.server.reconfigure import reconfigure
 from engine.server.request_record import Phase, RequestRecord
 from engine.server.worker_handle import WorkerState
@@ -438,7 +438,8 @@ class ControlOps:
         changes = field_of(msg, "changes", "map")
         apply = field_of(msg, "apply", "bool", default=False)
         if apply:  # who asked for what, before it is applied or refused
-            self.sup.audit.record("engine", "reconfigure_requested", by=self.caller, role=self.role, changes=changes)
+            self.sup.audit.record("engine", "reconfigure_requested", by=self.caller, role=self.role,
+                                  changes=shown_changes(changes))
         self._reply(identity, msg, reconfigure(self.sup, changes, apply=apply))
 
 

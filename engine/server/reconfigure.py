@@ -10,6 +10,7 @@ from engine.capacity import check_capacity, exceeding
 from engine.errors import CheckpointError, ConfigError
 from engine.model.precheck import precheck
 from engine.pool_memory import check_pool_memory
+from engine.server.alert_forward import shown_config
 
 LIVE_ENGINE_KEYS = {"scrub_policy", "max_batch", "ownership_policy"}  # workers take them while running
 SUPERVISOR_ENGINE_KEYS = {"context_window", "max_batch", "strict_capacity",  # the supervisor's own
@@ -76,12 +77,12 @@ def worker_crashed(sup, name: str) -> None:
     # the workers that came up with the new config restart with the old one; the crashed one
     # is restarted by the restart policy, with the old one too
     again = needs_restart(failed, rollback.config, sup.workers.values()) - rollback.waiting
-    wire = _take(sup, rollback.config, rollback.model_config, rollback.findings, again)
+    _take(sup, rollback.config, rollback.model_config, rollback.findings, again)
     sup.alert("reconfigure_rolled_back", "error",
               f"worker {name} crashed while starting with the new configuration "
               f"({sup.workers[name].reason}); the previous configuration is back and the workers "
               f"restart with it", subject="engine", worker=name)
-    sup.audit.record("engine", "reconfigure_rolled_back", worker=name, config=wire)
+    sup.audit.record("engine", "reconfigure_rolled_back", worker=name, config=shown_config(rollback.config))
 
 
 def needs_restart(old, new, workers) -> set[str]:
@@ -103,8 +104,8 @@ def needs_restart(old, new, workers) -> set[str]:
 def _apply(sup, new, model, findings, restart: set[str]) -> None:
     if restart:  # kept until every restarted worker said hello with the new config
         sup.rollback = Rollback(sup.config, sup.model_config, sup.findings, set(restart))
-    wire = _take(sup, new, model, findings, restart)  # findings: checked against this model already
-    sup.audit.record("engine", "reconfigured", config=wire, restart=sorted(restart))
+    _take(sup, new, model, findings, restart)  # findings: checked against this model already
+    sup.audit.record("engine", "reconfigured", config=shown_config(new), restart=sorted(restart))
 
 
 def _take(sup, config, model, findings, restart: set[str]) -> dict:

@@ -27,11 +27,12 @@ from engine.model.config import read_model_config
 from engine.model.text_stream import TextStream
 from engine.pool_memory import check_pool_memory
 from engine.server import reconfigure
-from engine.server.alert_forward import AlertForwarder, instance_label
+from engine.server.alert_forward import AlertForwarder, instance_label, shown_config
 from engine.server.alerts import AlertBook
 from engine.server.audit import AuditLog
 from engine.server.evidence_feed import EvidenceFeed, journal_path
 from engine.server.metrics import MetricsWindow
+from engine.server.prompt_text import PromptTokenizer
 from engine.server.request_book import RequestBook
 from engine.server.request_record import Phase, RequestRecord
 from engine.server.telemetry import TelemetryPublisher
@@ -90,6 +91,8 @@ class Supervisor:
         self.poller = zmq.Poller()
         for sock in (self.control, self.bus, self.pub):
             self.poller.register(sock, zmq.POLLIN)
+        self.prompts = PromptTokenizer()  # text prompts are tokenized beside the loop
+        self.poller.register(self.prompts.fd, zmq.POLLIN)
         self.telemetry = TelemetryPublisher(self.pub)
         self.forwarder = AlertForwarder(instance=instance_label(self.control_endpoint))
         self.alerts = AlertBook(self._alert_changed, changed=self._alert_record_changed)
@@ -118,7 +121,7 @@ class Supervisor:
                                   on_silent=self._worker_silent, on_stop=self._worker_stopping,
                                   on_exit=self._worker_exited)
         self.evidence = EvidenceFeed(self, journal_path(config.audit.journal, bind, config.source), run_info={
-            "host": _hostname(), "control": self.control_endpoint, "config": config.to_dict(),
+            "host": _hostname(), "control": self.control_endpoint, "config": shown_config(config),
             "engine": {"model": str(config.model.resolved_path()), "telemetry": self.telemetry_endpoint,
                        "architecture": self.model_config.architecture}})
         self.configure_canaries(config.canaries)
@@ -199,6 +202,8 @@ class Supervisor:
             self._drain(self.control, self.ops.handle)
         if self.bus in ready:
             self._drain(self.bus, self.events.handle)
+        if self.prompts.fd in ready:
+            self.prompts.deliver(self.ops.tokenize_failed)
         if self.pub in ready:
             changed = self.telemetry.drain_subscriptions()
             if self.telemetry.over_limit:
@@ -257,6 +262,7 @@ class Supervisor:
         self.workers.shutdown()
         self.forwarder.stop()
         self.evidence.close()
+        self.prompts.close()
         for sock in (self.control, self.pub, self.bus):
             sock.close(linger=0)
         if self.curve is not None:

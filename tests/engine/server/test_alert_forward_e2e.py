@@ -129,3 +129,23 @@ def test_a_bad_alert_webhook_is_refused_with_the_value(tmp_path):
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "--alert-webhook = 'ftp://alertmanager:9093' is not an http:// or https:// URL" in proc.stdout + proc.stderr
+
+
+def test_a_webhook_secret_reaches_no_viewer_through_history_or_the_journal(start_server, receiver):
+    """status was redacted; the audit's reconfigure events (which `history`, a viewer op, returns)
+    and the journal's run record kept the raw URL, query secret and all."""
+    from engine.evidence.journal_read import JournalReader
+
+    server = start_server(alerts={"webhook_url": receiver.url + "/am?token=s3cret"})
+    client = server.client()
+    client.call("reconfigure", changes={"alerts": {"webhook_url": receiver.url + "/am?token=n3wsecret"}},
+                apply=True, timeout_s=120)
+    history = client.call("history", timeout_s=120)
+    shown = json.dumps(history, default=str)
+    assert "reconfigure_requested" in shown and "reconfigured" in shown  # the events are there
+    assert "s3cret" not in shown and "n3wsecret" not in shown
+    status = client.status()
+    client.call("ping")
+    server.stop()
+    runs = JournalReader(status["evidence"]["journal"]).runs()
+    assert runs and "s3cret" not in json.dumps(runs, default=str)
