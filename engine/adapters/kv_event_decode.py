@@ -32,19 +32,35 @@ attn_dp_rank (SGLang); early vLLM batches carry no rank at all.
 
 Dialects: "auto" accepts every variant above; "vllm" reads only data_parallel_rank from a
 map batch; "sglang" reads only attn_dp_rank and refuses bytes hashes (SGLang sends ints).
-Never unpickles; sizes are bounded. Every refusal is a KvEventError naming the position,
-the value and what was expected.
+Never unpickles. Every refusal is a KvEventError naming the position, the value and what was
+expected.
+
+What one payload may cost is bounded before and while it is decoded, never after: its bytes
+(MAX_PAYLOAD_BYTES), every array, map and string msgpack reads (the MAX_*_ITEMS and
+MAX_STRING_BYTES limits, checked on each header before anything is allocated), and all it
+builds together (MAX_DECODED_ITEMS, counted as each array and map closes, innermost first),
+so a 2 MiB payload builds at most ~75 MB of Python objects whatever its shape. The block
+hashes of one batch (MAX_BATCH_HASHES) are counted before one is turned into text.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import msgpack
 
-MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
-MAX_EVENTS = 1_000_000
-MAX_ARRAY_ITEMS = 16 * 1024 * 1024  # any one msgpack array (token_ids of a 1M-token prompt fit)
+# vLLM's default step (8,192 tokens) publishes ~60 KB; 2 MiB holds a step of ~400,000 new
+# tokens with their ids (5 bytes each at most).
+MAX_PAYLOAD_BYTES = 2 * 1024 * 1024
+MAX_ARRAY_ITEMS = 1 << 19  # one array: the token ids of a 512K-token prompt stored in one step
+MAX_MAP_ITEMS = 256  # one map: a batch or event map has about a dozen fields
+MAX_STRING_BYTES = 4096  # one str, bin or ext: the longest sent are LoRA names, salts, multimodal hashes
+# Elements of every array and map in one payload: what decoding builds, ~72 bytes each at worst
+# (a nested empty map), so ~75 MB; a 2 MiB payload of token ids holds at most ~700,000.
+MAX_DECODED_ITEMS = 1 << 20
+MAX_EVENTS = 1 << 17  # vLLM sends one BlockRemoved per evicted block, one BlockStored per request
+MAX_BATCH_HASHES = 1 << 16  # block hashes stored or removed in one batch: a 1M-token step, 16 a block
 MAX_HASH_BYTES = 64
 MAX_BLOCK_SIZE = 1 << 20
 DIALECTS = ("auto", "vllm", "sglang")
@@ -61,6 +77,7 @@ MAP_REQUIRED = {"BlockStored": ("block_hashes", "token_ids", "block_size"), "Blo
                 "AllBlocksCleared": ()}
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
 _U64 = (1 << 64) - 1
+_OVER_LIMIT = re.compile(r"(\d+) exceeds max_(array|map|str|bin|ext)_len\((\d+)\)")  # msgpack's words
 
 
 class KvEventError(ValueError):
@@ -227,6 +244,60 @@ def decode_event(raw, index: int, dialect: str = "auto"):
     )
 
 
+class _ItemBudget:
+    """msgpack hooks counting the elements of each array and map as it closes (innermost
+    first), stopping the decode once MAX_DECODED_ITEMS are built."""
+
+    def __init__(self):
+        self.items = 0
+
+    def _count(self, container):
+        self.items += len(container) + 1
+        if self.items > MAX_DECODED_ITEMS:
+            raise KvEventError(f"payload decodes to more than {MAX_DECODED_ITEMS:,} array and map elements; "
+                               f"the limit is {MAX_DECODED_ITEMS:,}")
+        return container
+
+    list_hook = object_hook = _count
+
+
+def unpack_bounded(payload: bytes, where: str, seq: int | None = None):
+    """msgpack `payload` decoded within the limits above; KvEventError (with `seq`) otherwise."""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise KvEventError(f"{where}: payload is {len(payload):,} bytes; the limit is {MAX_PAYLOAD_BYTES:,}", seq)
+    budget = _ItemBudget()
+    # each element takes a byte at least: no header may claim more than the payload holds
+    # (msgpack allocates an array's slots when it reads the header)
+    try:
+        return msgpack.unpackb(payload, raw=False, strict_map_key=True, list_hook=budget.list_hook,
+                               object_hook=budget.object_hook, max_array_len=min(MAX_ARRAY_ITEMS, len(payload)),
+                               max_map_len=min(MAX_MAP_ITEMS, len(payload) // 2), max_str_len=MAX_STRING_BYTES,
+                               max_bin_len=MAX_STRING_BYTES, max_ext_len=MAX_STRING_BYTES)
+    except KvEventError as exc:
+        raise KvEventError(f"{where}: {exc}", seq) from None
+    except ValueError as exc:
+        over = _OVER_LIMIT.fullmatch(str(exc))
+        if over is None:
+            raise KvEventError(f"{where}: payload is not msgpack ({type(exc).__name__}: {exc})", seq) from None
+        size, kind, limit = int(over[1]), over[2], int(over[3])
+        raise KvEventError(f"{where}: a msgpack {kind} of {size:,} {'items' if kind in ('array', 'map') else 'bytes'}; "
+                           f"the limit is {limit:,}", seq) from None
+    except Exception as exc:  # msgpack raises UnpackException, UnicodeDecodeError, ...
+        raise KvEventError(f"{where}: payload is not msgpack ({type(exc).__name__}: {exc})", seq) from None
+
+
+def _raw_hash_count(raw) -> int:
+    """How many block hashes an undecoded event carries (0 when it is malformed: decode_event
+    says why)."""
+    if isinstance(raw, list):
+        hashes = raw[1] if len(raw) > 1 and raw[0] in ("BlockStored", "BlockRemoved") else None
+    elif isinstance(raw, dict):
+        hashes = raw.get("block_hashes")
+    else:
+        hashes = None
+    return len(hashes) if isinstance(hashes, list) else 0
+
+
 def _batch_parts(obj, dialect: str) -> tuple:
     """(ts, events, rank) from an array batch [ts, events(, rank)] or a map batch."""
     if isinstance(obj, list):
@@ -246,12 +317,7 @@ def decode_payload(payload: bytes, seq: int, dialect: str = "auto", where: str =
                    topic: bytes = b"") -> Batch:
     """The msgpack `payload` of batch `seq` as a Batch. Raises KvEventError (with .seq)."""
     check_dialect(dialect)
-    if len(payload) > MAX_PAYLOAD_BYTES:
-        raise KvEventError(f"{where}: payload is {len(payload):,} bytes; the limit is {MAX_PAYLOAD_BYTES:,}", seq)
-    try:
-        obj = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_array_len=MAX_ARRAY_ITEMS)
-    except Exception as exc:  # msgpack raises ValueError, UnpackException, UnicodeDecodeError, ...
-        raise KvEventError(f"{where}: payload is not msgpack ({type(exc).__name__}: {exc})", seq) from None
+    obj = unpack_bounded(payload, where, seq)
     try:
         ts, events, rank = _batch_parts(obj, dialect)
         if not isinstance(ts, (int, float)) or isinstance(ts, bool):
@@ -260,6 +326,9 @@ def decode_payload(payload: bytes, seq: int, dialect: str = "auto", where: str =
             raise KvEventError(f"batch: events {_show(events)} is {_kind(events)}; expected an array")
         if len(events) > MAX_EVENTS:
             raise KvEventError(f"batch: {len(events):,} events; the limit is {MAX_EVENTS:,}")
+        hashes = sum(_raw_hash_count(raw) for raw in events)
+        if hashes > MAX_BATCH_HASHES:
+            raise KvEventError(f"batch: {hashes:,} block hashes in one batch; the limit is {MAX_BATCH_HASHES:,}")
         rank = None if rank is None else _int(rank, "batch: rank", 0, (1 << 31) - 1)
         decoded = [decode_event(raw, i, dialect) for i, raw in enumerate(events)]
     except KvEventError as exc:

@@ -6,6 +6,9 @@ A rank's blocks live in one BlockPool per storage medium ("GPU", "CPU", ... or N
 engine does not say), because vLLM's offloading stores the same hash on GPU and CPU and
 removes each copy separately. Within a pool every block keeps one layout slot until it is
 removed; freed slots are reused lowest first, so a page map does not reshuffle.
+
+The blocks held, all ranks and media together, are bounded (`max_blocks`): a batch that
+would pass the bound is refused whole before any of it is applied, and counted.
 """
 
 from __future__ import annotations
@@ -14,13 +17,20 @@ import heapq
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from engine.adapters.kv_event_decode import AllBlocksCleared, Batch, BlockRemoved, BlockStored
+from engine.adapters.kv_event_decode import AllBlocksCleared, Batch, BlockRemoved, BlockStored, KvEventError
 
 RECENT = 5  # refusal messages and gaps kept for the summary
 NO_MEDIUM = "unspecified"  # the summary's name for blocks whose engine sends no medium
+# Blocks held at once, every rank and medium: ~400 bytes each (~0.4 GiB at the bound). A GPU
+# holds ~30,000 blocks of 16 tokens of an 8B model, ~400,000 of a 0.5B one.
+MAX_BLOCKS = 1 << 20
 
 
-@dataclass
+class BlockLimitError(KvEventError):
+    """A batch that would make the state hold more than its `max_blocks`."""
+
+
+@dataclass(slots=True)
 class BlockInfo:
     hash: str
     parent: str | None
@@ -85,6 +95,10 @@ class RankState:
     def block_count(self) -> int:
         return sum(len(pool.blocks) for pool in self.pools.values())
 
+    def holds(self, block_hash: str, medium: str | None) -> bool:
+        pool = self.pools.get(medium)
+        return pool is not None and block_hash in pool.blocks
+
 
 def tokens_in_block(event: BlockStored, index: int) -> int:
     """How many of event.token_ids fall in its index-th block (the last may be partial)."""
@@ -94,7 +108,9 @@ def tokens_in_block(event: BlockStored, index: int) -> int:
 class KvEventState:
     """Blocks held per rank, event counts, and the stream's refusals, gaps and replays."""
 
-    def __init__(self):
+    def __init__(self, max_blocks: int = MAX_BLOCKS):
+        self.max_blocks = max_blocks
+        self.over_block_limit = 0  # batches refused because they would pass max_blocks
         self.ranks: dict[int, RankState] = {}
         self.events: Counter[str] = Counter({"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0})
         self.batches = 0
@@ -115,6 +131,8 @@ class KvEventState:
         self.notices: deque[str] = deque(maxlen=RECENT)  # what a user must act on: nothing bound, ...
         self.duplicates = 0
         self.restarts = 0
+        self.seq_jumps = 0  # sequence numbers too far from the last one: taken as a publisher restart
+        self.disconnects = 0
         self.last_seq: dict[str, int] = {}
 
     def rank(self, rank: int) -> RankState:
@@ -126,10 +144,23 @@ class KvEventState:
         """The block `block_hash` held by `rank` (on `medium` first), or None."""
         return self.ranks[rank].find(block_hash, medium) if rank in self.ranks else None
 
+    def block_count(self) -> int:
+        """Blocks held, every rank and medium."""
+        return sum(rank.block_count() for rank in self.ranks.values())
+
     def apply(self, batch: Batch, endpoint: str) -> None:
         """Apply every event of `batch`, received from `endpoint`, in order. A batch without
-        a rank (early vLLM) counts as rank 0."""
-        rank = self.rank(batch.dp_rank if batch.dp_rank is not None else 0)
+        a rank (early vLLM) counts as rank 0. Raises BlockLimitError, having applied nothing,
+        when the batch would make the state hold more than max_blocks."""
+        number = batch.dp_rank if batch.dp_rank is not None else 0
+        peak = self._peak_after(self.ranks.get(number), batch)
+        if peak > self.max_blocks:
+            self.over_block_limit += 1
+            self._note(f"batches that would make the watcher hold more than {self.max_blocks:,} blocks, its limit, "
+                       "are refused (counted in over_block_limit): the blocks shown miss theirs")
+            raise BlockLimitError(f"batch {batch.seq:,} would make the watcher hold {peak:,} blocks; "
+                                  f"the limit is {self.max_blocks:,}")
+        rank = self.rank(number)
         rank.endpoints.add(endpoint)
         for event in batch.events:
             self.events[type(event).__name__] += 1
@@ -142,6 +173,22 @@ class KvEventState:
                 rank.pools.clear()
         self.batches += 1
         self.last_seq[endpoint] = batch.seq
+
+    def _peak_after(self, rank: RankState | None, batch: Batch) -> int:
+        """The most blocks held while `batch` is applied to `rank`, counting no removal (an
+        upper bound: the limit is never passed half-way through a batch)."""
+        held = self.block_count()
+        rank_held = rank.block_count() if rank is not None else 0
+        new: set[tuple] = set()
+        peak = held
+        for event in batch.events:
+            if isinstance(event, AllBlocksCleared):
+                peak = max(peak, held + len(new))
+                held, rank_held, new, rank = held - rank_held, 0, set(), None
+            elif isinstance(event, BlockStored):
+                new.update((event.medium, h) for h in event.block_hashes
+                           if rank is None or not rank.holds(h, event.medium))
+        return max(peak, held + len(new))
 
     def _store(self, rank: RankState, event: BlockStored) -> None:
         pool = rank.pool(event.medium)
@@ -192,8 +239,24 @@ class KvEventState:
 
     def record_notice(self, message: str) -> None:
         """A problem a user can act on (it names the endpoint); the same one is kept once."""
+        self._note(message)
+
+    def _note(self, message: str) -> None:
+        # not overridden by a locking subclass: apply() notes under that subclass's lock
         if message not in self.notices:
             self.notices.append(message)
+
+    def record_disconnect(self, endpoint: str, message: str) -> None:
+        """`endpoint`'s connection dropped; `message` says what that may mean."""
+        self.disconnects += 1
+        self._note(message)
+
+    def record_seq_jump(self, endpoint: str, last: int, seq: int, how: str, outcome: str) -> None:
+        """Seq `seq` came after `last` (`how`: how far, or which way): a publisher restart (or
+        a lie), never a gap to wait through. `outcome` says what the watcher did about it."""
+        self.seq_jumps += 1
+        self._note(f"{endpoint}: sequence jumped from {last:,} to {seq:,} ({how}): taken as a publisher "
+                   f"restart; {outcome}")
 
     def record_duplicate(self) -> None:
         """A batch whose seq was applied already (a replay brought it first)."""
@@ -238,5 +301,10 @@ class KvEventState:
             "notices": list(self.notices),
             "duplicates": self.duplicates,
             "restarts": self.restarts,
+            "seq_jumps": self.seq_jumps,
+            "disconnects": self.disconnects,
+            "blocks": self.block_count(),
+            "block_limit": self.max_blocks,
+            "over_block_limit": self.over_block_limit,
             "last_seq": dict(sorted(self.last_seq.items())),
         }

@@ -14,6 +14,15 @@ replay wire forms: vLLM 0.26+ answers (topic, seq, payload), SGLang and older vL
 - A replay answer that cannot be decoded is counted apart from refused live frames.
 - A replay endpoint that does not answer, and a live endpoint nothing accepts connections
   on (a SUB connecting there waits silently forever), become notices naming the endpoint.
+- A seq more than MAX_SEQ_JUMP from the last one is another counter, not a gap: a publisher
+  restart (or a lie). With a replay endpoint the watcher resynchronises from it, and a batch
+  the engine's own replay does not hold is refused; without one it follows the new numbers.
+  Either way no later batch is dropped as a "duplicate" of a number it never saw.
+- Bounds: a frame over MAX_FRAME_BYTES is dropped by libzmq with its connection (counted as a
+  disconnect) before it is buffered; libzmq holds at most RCVHWM live messages unread per
+  endpoint (the engine's PUB queues the rest); the decoder bounds what one payload builds
+  (kv_event_decode.py), the state the blocks held (kv_event_state.py), and the replay
+  client what one replay takes (kv_event_replay.py), applying each answer as it comes.
 
 The watcher connects to any tcp:// or ipc:// address the user names (this is a client of
 someone else's engine; PageWarden's loopback-only rule is for its own endpoints).
@@ -28,17 +37,22 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from engine.adapters.kv_event_decode import MAX_PAYLOAD_BYTES, KvEventError, check_dialect, decode_frames
-from engine.adapters.kv_event_replay import ReplayAnswer, ReplayClient
-from engine.adapters.kv_event_state import KvEventState
+from engine.adapters.kv_event_replay import MAX_REPLAY_BYTES, ReplayAnswer, ReplayClient, ReplayResult
+from engine.adapters.kv_event_state import BlockLimitError, KvEventState
 from engine.wire.sockets import drain
 
 REPLAY_TIMEOUT_MS = 2000
 MAX_DRAIN = 10_000  # messages taken from one socket per poll, so one stream cannot starve others
 CONNECT_TIMEOUT_MS = 3000  # no connection by then: say that nothing binds the endpoint
-RCVHWM = 10_000
-# Twice the decoder's limit: a payload a little over it still reaches the decoder, which
-# names its size; libzmq drops the connection for anything larger, before buffering it.
-MAX_FRAME = 2 * MAX_PAYLOAD_BYTES
+# Live messages libzmq holds unread per endpoint (~66 MiB of frames at most): a slow watcher
+# loses nothing by it, the engine's PUB queues the rest (vLLM: up to 100,000 messages).
+RCVHWM = 32
+# 64 KiB over the decoder's limit, so a payload a little over it still reaches the decoder,
+# which names its size; libzmq drops a larger frame with its connection, before buffering it.
+MAX_FRAME_BYTES = MAX_PAYLOAD_BYTES + 64 * 1024
+# A seq further than this from the last one is not a gap (vLLM's replay buffer holds 10,000
+# batches; a busy engine publishes ~300 a second) but another counter: a restart, or a lie.
+MAX_SEQ_JUMP = 1 << 20
 WILDCARD_HOSTS = ("*", "0.0.0.0", "[::]", "::")
 
 
@@ -86,7 +100,8 @@ class KvEventWatcher:
 
     def __init__(self, endpoints: list[str], replay: list[str | None] | None = None, dialect: str = "auto",
                  state: KvEventState | None = None, *, replay_timeout_ms: int = REPLAY_TIMEOUT_MS,
-                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, context: zmq.Context | None = None):
+                 connect_timeout_ms: int = CONNECT_TIMEOUT_MS, replay_max_bytes: int = MAX_REPLAY_BYTES,
+                 context: zmq.Context | None = None):
         self.dialect = check_dialect(dialect)
         endpoints = [check_address(e) for e in endpoints]
         if not endpoints:
@@ -117,7 +132,8 @@ class KvEventWatcher:
             self._poller.register(sub, zmq.POLLIN)
             self._poller.register(monitor, zmq.POLLIN)
             client = None if replay_endpoint is None else ReplayClient(replay_endpoint, self._socket,
-                                                                       replay_timeout_ms, self.dialect)
+                                                                       replay_timeout_ms, self.dialect,
+                                                                       replay_max_bytes)
             self._streams.append(_Stream(endpoint, sub, monitor, client, time.monotonic()))
 
     @property
@@ -127,7 +143,7 @@ class KvEventWatcher:
     def _socket(self, kind: int) -> zmq.Socket:
         sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         return sock
 
     def poll(self, timeout_ms: int) -> int:
@@ -168,6 +184,17 @@ class KvEventWatcher:
                 stream.history_due = stream.replay is not None
             elif event == zmq.EVENT_DISCONNECTED:
                 stream.connected = False
+                self.state.record_disconnect(
+                    stream.endpoint, f"the connection to {stream.endpoint} dropped: the engine went away, or it sent "
+                    f"a frame over {MAX_FRAME_BYTES:,} bytes (the watcher's limit; libzmq drops the connection "
+                    "with it)")
+                # libzmq never reconnects after a protocol error (such a frame is one): start a
+                # new connection whatever the cause (after any other, libzmq's own would come)
+                try:
+                    stream.sub.disconnect(stream.endpoint)
+                except zmq.ZMQError:
+                    pass  # the connection is gone from the socket already
+                stream.sub.connect(stream.endpoint)
 
     def _check_connection(self, stream: _Stream) -> None:
         """Note, once, a live endpoint nothing accepts connections on (a SUB waits there in silence)."""
@@ -184,18 +211,32 @@ class KvEventWatcher:
         if stream.replay is not None and stream.last_seq is None:
             stream.history_due = True  # the replay endpoint may still be there, and say what is cached
 
-    def _fetch_history(self, stream: _Stream) -> None:
+    def _fetch_history(self, stream: _Stream) -> ReplayResult:
         """Everything the engine still buffers after what this stream holds (from 0 when it
-        holds nothing). When the engine no longer has the last batch applied, it restarted."""
+        holds nothing), applied as it comes. When the engine's first answer is not the last
+        batch applied, the engine no longer has it: it restarted."""
         stream.history_due = False
-        known = stream.last_seq
-        result = stream.replay.fetch(0 if known is None else known)
-        if known is not None and result.complete and not result.has(known, stream.last_digest):
-            self.state.record_restart(stream.endpoint)
-            stream.last_seq = stream.last_digest = stream.first_digest = None
-            result = stream.replay.fetch(0)
-        self._take_replayed(stream, result)
-        self.state.record_history(len(result.answers), result.complete)
+        known, digest = stream.last_seq, stream.last_digest
+        if known is None:
+            result = stream.replay.fetch(0, lambda answer: self._take_replayed(stream, answer))
+        else:
+            ours: list[bool] = []  # the verdict on the first answer with a seq
+
+            def take(answer: ReplayAnswer) -> bool:
+                if answer.seq is not None and not ours:
+                    ours.append(answer.seq == known and answer.digest == digest)
+                    return ours[0]  # ours: go on after it; not ours: stop, the engine restarted
+                return self._take_replayed(stream, answer)
+
+            result = stream.replay.fetch(known, take)
+            if (ours and not ours[0]) or (result.complete and not ours):
+                self.state.record_restart(stream.endpoint)
+                self._forget(stream)
+                result = stream.replay.fetch(0, lambda answer: self._take_replayed(stream, answer))
+        if result.problem is not None:
+            self.state.record_notice(result.problem)
+        self.state.record_history(result.answers, result.complete)
+        return result
 
     def _receive(self, stream: _Stream, frames: list[bytes]) -> None:
         try:
@@ -206,54 +247,115 @@ class KvEventWatcher:
         if seq is None:  # not even a readable seq: refused, and the stream position is unknown
             self.state.record_refusal(stream.endpoint, str(error))
             return
-        digest = hash(bytes(frames[2]))  # a readable seq means three frames
-        if stream.last_seq is not None:
-            if seq == 0 and digest != stream.first_digest:  # a new batch 0: the engine restarted
-                self.state.record_restart(stream.endpoint)
-                stream.last_seq = None
-            elif seq <= stream.last_seq:
-                self.state.record_duplicate()
+        answer = ReplayAnswer(seq, batch, error, hash(bytes(frames[2])))  # a readable seq means three frames
+        last = stream.last_seq
+        if last is None:
+            pass
+        elif seq == 0 and answer.digest != stream.first_digest:  # a new batch 0: the engine restarted
+            self.state.record_restart(stream.endpoint)
+            self._forget(stream)
+        elif abs(seq - last) > MAX_SEQ_JUMP or (seq <= last and stream.replay is None):
+            if not self._jumped(stream, answer):
                 return
-            elif seq > stream.last_seq + 1:
-                expected = stream.last_seq + 1
-                filled = stream.replay is not None and self._replay_gap(stream, expected, seq)
-                self.state.record_gap(stream.endpoint, expected, seq, filled)
-                if seq <= stream.last_seq:  # the replay brought this batch already
-                    self.state.record_duplicate()
-                    return
-        self._take(stream, ReplayAnswer(seq, batch, error, digest), replayed=False)
+        elif seq <= last:
+            self.state.record_duplicate()  # a replay brought it first
+            return
+        elif seq > last + 1 and not self._gap(stream, seq):
+            return
+        self._take(stream, answer, replayed=False)
+
+    def _gap(self, stream: _Stream, seq: int) -> bool:
+        """Seq `seq` came when last_seq + 1 was due: replay what is missing. Whether to take
+        it: not when the replay brought it, nor when a complete replay from the engine's own
+        buffer lacks it (the engine buffers each batch before it sends it)."""
+        expected = stream.last_seq + 1
+        if stream.replay is None:
+            self.state.record_gap(stream.endpoint, expected, seq, False)
+            return True
+        result, filled = self._replay_gap(stream, expected, seq)
+        self.state.record_gap(stream.endpoint, expected, seq, filled)
+        if stream.last_seq is not None and seq <= stream.last_seq:
+            self.state.record_duplicate()
+            return False
+        if result.complete:
+            self.state.record_refusal(stream.endpoint, f"seq {seq:,}: the engine's replay from seq {expected:,} does "
+                                      "not hold it, so it is not that engine's batch; refused")
+            return False
+        return True
+
+    def _jumped(self, stream: _Stream, answer: ReplayAnswer) -> bool:
+        """Seq answer.seq is more than MAX_SEQ_JUMP from the last one (or, without a replay,
+        behind it: nothing is sent twice then): another counter. Follow it without a replay;
+        with one, resynchronise from it and judge the batch again. Whether to take it."""
+        last, seq = stream.last_seq, answer.seq
+        how = f"more than {MAX_SEQ_JUMP:,}" if abs(seq - last) > MAX_SEQ_JUMP else "backwards, with nothing sent twice"
+        if stream.replay is None:
+            self.state.record_seq_jump(stream.endpoint, last, seq, how, "without a replay endpoint to check it "
+                                       "against, its numbers are followed from here and the blocks held are kept")
+            self._forget(stream)
+            return True
+        result = self._fetch_history(stream)
+        now = stream.last_seq
+        if now is None or 0 < seq - now <= MAX_SEQ_JUMP:
+            take = now is None or seq == now + 1 or self._gap(stream, seq)
+            outcome = "resynchronised from its replay" + ("" if take else "; the batch was not taken")
+        elif not result.complete:  # nothing to judge it by: follow it rather than drop what comes
+            take, outcome = True, "its replay did not answer in full, so its numbers are followed from here"
+            self._forget(stream)
+        elif seq <= now:
+            take, outcome = False, f"resynchronised from its replay, at seq {now:,} already: the batch was not taken"
+        else:
+            self.state.record_refusal(stream.endpoint, f"seq {seq:,}: the engine's replay ends before it, at seq "
+                                      f"{now:,}; refused")
+            take = False
+            outcome = f"resynchronised from its replay (through seq {now:,}), which does not hold it: refused"
+        self.state.record_seq_jump(stream.endpoint, last, seq, how, outcome)
+        return take
+
+    def _forget(self, stream: _Stream) -> None:
+        stream.last_seq = stream.last_digest = stream.first_digest = None
 
     def _take(self, stream: _Stream, answer: ReplayAnswer, replayed: bool) -> None:
-        if answer.error is None:
-            self.state.apply(answer.batch, stream.endpoint)
-        elif replayed:
-            self.state.record_replay_refusal(stream.endpoint, f"seq {answer.seq}: {answer.error}", answer.seq)
-        else:
-            self.state.record_refusal(stream.endpoint, f"seq {answer.seq}: {answer.error}", answer.seq)
+        error = answer.error
+        if error is None:
+            try:
+                self.state.apply(answer.batch, stream.endpoint)
+            except BlockLimitError as exc:
+                error = exc
+        if error is not None:
+            record = self.state.record_replay_refusal if replayed else self.state.record_refusal
+            record(stream.endpoint, f"seq {answer.seq}: {error}", answer.seq)
         stream.last_seq, stream.last_digest = answer.seq, answer.digest
         if answer.seq == 0:
             stream.first_digest = answer.digest
 
-    def _take_replayed(self, stream: _Stream, result) -> None:
-        """Apply, in seq order, the replayed batches newer than what the stream holds."""
-        for message in result.refusals:
-            self.state.record_replay_refusal(stream.endpoint, message)
+    def _take_replayed(self, stream: _Stream, answer: ReplayAnswer) -> bool:
+        """Apply a replayed batch newer than what the stream holds (the replay goes on)."""
+        last = stream.last_seq
+        if answer.seq is None:
+            self.state.record_replay_refusal(stream.endpoint, str(answer.error))
+        elif last is not None and answer.seq - last > MAX_SEQ_JUMP:
+            self.state.record_replay_refusal(stream.endpoint, f"seq {answer.seq:,}: more than {MAX_SEQ_JUMP:,} past "
+                                             f"seq {last:,}, the last one held; refused")
+        elif last is None or answer.seq > last:
+            self._take(stream, answer, replayed=True)
+        return True
+
+    def _replay_gap(self, stream: _Stream, start: int, got: int) -> tuple[ReplayResult, bool]:
+        """Ask for every batch from `start`, apply the new ones as they come; the result and
+        whether start..got-1 all came."""
+        due = [start]
+
+        def take(answer: ReplayAnswer) -> bool:
+            if answer.seq == due[0]:
+                due[0] += 1
+            return self._take_replayed(stream, answer)
+
+        result = stream.replay.fetch(start, take)
         if result.problem is not None:
             self.state.record_notice(result.problem)
-        for answer in result.answers:
-            if stream.last_seq is None or answer.seq > stream.last_seq:
-                self._take(stream, answer, replayed=True)
-
-    def _replay_gap(self, stream: _Stream, start: int, got: int) -> bool:
-        """Ask for every batch from `start`, apply the new ones, and say whether start..got-1 all came."""
-        result = stream.replay.fetch(start)
-        due = start
-        for answer in result.answers:
-            if answer.seq == due:
-                due += 1
-        self._take_replayed(stream, result)
-        self.state.record_replay(len(result.answers), result.complete)
-        return due >= got
+        self.state.record_replay(result.answers, result.complete)
+        return result, due[0] >= got
 
     def close(self) -> None:
         for stream in self._streams:

@@ -56,7 +56,10 @@ def format_table(summary: dict) -> str:
     lines.append(f"stream   gaps {summary['gaps']} (unfilled {summary['gaps_unfilled']})  replays "
                  f"{summary['replays']} (failed {summary['replay_failures']})  history {summary['history_fetches']} "
                  f"(failed {summary['history_failures']}, {summary['history_batches']:,} batches)  refused "
-                 f"{summary['refused']} live, {summary['replay_refused']} replayed  restarts {summary['restarts']}")
+                 f"{summary['refused']} live, {summary['replay_refused']} replayed  restarts {summary['restarts']}  "
+                 f"sequence jumps {summary['seq_jumps']}  disconnects {summary['disconnects']}")
+    lines.append(f"bound    {summary['blocks']:,} blocks held of at most {summary['block_limit']:,}; "
+                 f"{summary['over_block_limit']} batches refused for that limit")
     lines += [f"refused: {message}" for message in summary["recent_refusals"]]
     lines += [f"refused replay answer: {message}" for message in summary["recent_replay_refusals"]]
     lines += [f"notice: {message}" for message in summary["notices"]]

@@ -221,7 +221,10 @@ class KvEventMap:
         """The status line's tooltip: every endpoint, the recent gaps and refused frames."""
         lines = [f"watching {e} (last seq {state.last_seq.get(e, 'none')})" for e in endpoints]
         lines.append(f"batches {state.batches:,} · duplicates {state.duplicates} · restarts {state.restarts} · "
+                     f"sequence jumps {state.seq_jumps} · disconnects {state.disconnects} · "
                      f"removals of unknown blocks {state.unknown_removals}")
+        lines.append(f"blocks held {state.block_count():,} of at most {state.max_blocks:,} · batches refused "
+                     f"for that limit {state.over_block_limit}")
         for gap in state.recent_gaps:
             lines.append(f"gap on {gap['endpoint']}: expected seq {gap['expected']}, got {gap['got']} "
                          f"({'filled by replay' if gap['filled'] else 'not filled'})")

@@ -52,3 +52,11 @@ class SharedKvEventState(KvEventState):
     def record_restart(self, endpoint: str) -> None:
         with self.lock:
             super().record_restart(endpoint)
+
+    def record_seq_jump(self, endpoint: str, last: int, seq: int, how: str, outcome: str) -> None:
+        with self.lock:
+            super().record_seq_jump(endpoint, last, seq, how, outcome)
+
+    def record_disconnect(self, endpoint: str, message: str) -> None:
+        with self.lock:
+            super().record_disconnect(endpoint, message)
