@@ -4,8 +4,9 @@
 
 Each target (tests/fuzz/parsers.py) may only return or raise its documented error. Inputs are
 mutations (bit flips, byte insertions and deletions, splices, repeats, nesting) of a small
-corpus of valid inputs: a control message, KV-event frames, a completion body, the shipped
-config, the default model's config.json, a snapshot's JSON, and a real snapshot bundle with
+corpus of valid inputs: a control message, KV-event frames (live, replayed, and applied to a
+bounded block state), a completion body, the shipped config, the default model's config.json,
+a snapshot's JSON, and a real snapshot bundle with
 its inner members (events.jsonl, pages.npz, its .npy arrays). Anything else raised is a
 finding: its input is written to --out and it is counted by exception type and first line.
 Exit status 1 when anything was found.
@@ -34,6 +35,7 @@ import msgpack  # noqa: E402
 
 from engine.config import DEFAULT_CONFIG_PATH, DEFAULT_MODEL_DIR  # noqa: E402
 from engine.wire.protocol import pack  # noqa: E402
+from tests.fuzz.kv_event_parsers import corpus as kv_corpus  # noqa: E402
 from tests.fuzz.parsers import TARGETS  # noqa: E402
 
 
@@ -48,7 +50,7 @@ def corpus() -> dict[str, list[bytes]]:
     return {"control": [submit], "control-msgpack": [submit], "kv-events": [kv], "http-body": [body],
             "toml-config": [DEFAULT_CONFIG_PATH.read_bytes()], "config-json": [config_json],
             "snapshot": [b'"a": 1', b'{"requests": [{"request_id": "r1", "phase": "queued"}], "alerts": []}'],
-            **bundle_corpus()}
+            **bundle_corpus(), **kv_corpus()}
 
 
 def bundle_corpus() -> dict[str, list[bytes]]:
@@ -150,6 +152,7 @@ def atheris_child(name: str, argv: list[str]) -> None:
 
     with atheris.instrument_imports():
         import engine.adapters.kv_event_decode  # noqa: F401
+        import engine.adapters.kv_event_state  # noqa: F401
         import engine.config  # noqa: F401
         import engine.http.openai_request  # noqa: F401
         import engine.model.config  # noqa: F401

@@ -1,8 +1,8 @@
-"""A short fuzz of the KV-event watcher's parsers (bench/fuzz.py runs them for minutes): random
-bytes, and batches with the right skeleton and anything in its places (wrong types, huge and
-negative numbers, short and long hashes, unknown tags, missing and extra fields), so that the
-fuzz reaches the event checks behind msgpack's. Each target may only return or raise its
-documented error (tests/fuzz/parsers.py)."""
+"""A short fuzz of the KV-event watcher's parsers beyond test_parsers_fuzz.py's random bytes
+(bench/fuzz.py runs them for minutes): batches with the right skeleton and anything in its
+places (wrong types, huge and negative numbers, short and long hashes, unknown tags, missing
+and extra fields), so that the fuzz reaches the event checks behind msgpack's. Each target
+may only return or raise its documented error (tests/fuzz/parsers.py)."""
 
 from __future__ import annotations
 
@@ -38,13 +38,6 @@ batches = (st.builds(lambda ts, evs, rank, keep: [ts, evs, rank][:keep], st.floa
 def as_input(name: str, seq: int, payload: bytes) -> bytes:
     frame = seq.to_bytes(8, "big") + payload
     return b"\x01" + frame if name == "kv-replay" else frame  # the replay target's first byte picks vLLM's form
-
-
-@pytest.mark.parametrize("name", sorted(TARGETS))
-@FUZZ
-@given(data=st.binary(max_size=2048))
-def test_random_bytes(name, data):
-    TARGETS[name](data)
 
 
 @pytest.mark.parametrize("name", sorted(TARGETS))
