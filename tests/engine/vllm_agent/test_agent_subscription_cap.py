@@ -71,7 +71,7 @@ def test_distinct_topics_past_the_cap_reset_the_publisher_and_do_not_grow_vllm()
                          "the honest subscription to reach the agent")
                 before = ask(agent)["peak_mib"]
                 flood = subprocess.run([sys.executable, "-c", FLOOD, endpoints["telemetry"], str(TOPICS),
-                                        str(TOPIC_BYTES)], timeout=300)
+                                        str(TOPIC_BYTES)], check=False, timeout=300)
                 assert flood.returncode == 0
                 # the flooder is gone: once its unsubscriptions are read, every subscription was
                 wait_for(lambda: client.status()["telemetry"]["subscription_count"] <= 1, 120,
