@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import dataclass, field
 
 import msgpack
 import zmq
@@ -13,6 +14,7 @@ from engine.admission import check_admission, check_prompt_ids
 from engine.errors import AdmissionRejected, Forbidden, InvalidRequest, PageWardenError
 from engine.request import SamplingParams
 from engine.server.alert_forward import shown_changes, shown_config
+from engine.server.prompt_text import TokenizeJob, check_prompt_bytes
 from engine.server.reconfigure import reconfigure
 from engine.server.request_record import Phase, RequestRecord
 from engine.server.worker_handle import WorkerState
@@ -35,6 +37,21 @@ MAX_PROMPT_TOKENS = 1 << 21
 
 HISTORY_PAGE_SUBJECTS = 2_000  # requests (and engine subjects) in one `history` answer, at most
 HISTORY_PAGE_BYTES = 16 << 20  # and about this many bytes: a page stops once it holds more
+
+
+@dataclass
+class _Submit:
+    """One submit's fields, carried from its message to its admission (later, for a text prompt)."""
+
+    identity: bytes
+    msg: Message
+    slot: int
+    request_id: str
+    caller: str
+    tenant: str
+    tier: str | None
+    sub_client: str
+    params: dict = field(default_factory=dict)
 
 
 class ControlOps:
@@ -90,43 +107,97 @@ class ControlOps:
 
     # ---- requests ---------------------------------------------------------------------
     def op_submit(self, identity: bytes, msg: Message) -> None:
+        """A text prompt is checked against its byte limit, then tokenized beside the loop
+        (engine/server/prompt_text.py); its admission continues in _tokenized. Token ids go
+        to admission at once."""
         sup = self.sup
         slot = next(sup.slots)
         request_id = field_of(msg, "request_id", "str", default=f"r{slot}", max_len=128)
+        request = _Submit(identity, msg, slot, request_id, caller=self.caller,
+                          tenant=field_of(msg, "tenant", "str", default="default", max_len=64),
+                          tier=field_of(msg, "data_tier", "str", default=None, max_len=64),
+                          # the client behind this connection (the HTTP front names its peer): a turn of its
+                          # own in the queue, within this connection's turn, so naming more of them gains nothing
+                          sub_client=field_of(msg, "client", "str", default="", max_len=128))
+        try:
+            request.params = self._params(msg)
+            ids = field_of(msg, "prompt_ids", "list[int]", default=None, max_len=MAX_PROMPT_TOKENS)
+            text = field_of(msg, "prompt", "str", default=None, max_len=8 * MAX_PROMPT_TOKENS)
+            if (ids is None) == (text is None):
+                raise InvalidRequest(f"request {request_id}: give exactly one of 'prompt_ids' and 'prompt'")
+            self._check_new_id(request_id)
+            if text is not None:
+                size = len(text.encode("utf-8", "surrogatepass"))
+                check_prompt_bytes(request_id, size, sup.config.engine.context_window)
+                sup.prompts.submit(TokenizeJob(request_id, text, size, self.caller, sup.tokenizer.encode,
+                                               lambda job: self._tokenized(request, job)))
+                return
+        except (PageWardenError, ProtocolError) as exc:
+            self._reject(request, exc)
+            return
+        self._submit(request, ids)
+
+    def _check_new_id(self, request_id: str) -> None:
+        if request_id.startswith(CANARY_PREFIX):
+            raise InvalidRequest(f"request id {request_id!r}: ids starting with {CANARY_PREFIX!r} are the "
+                                 "engine's own canaries; choose another")
+        if request_id in self.sup.book or request_id in self.sup.prompts.pending:
+            # a worker may still answer for the earlier request of that id (a late
+            # reservation, a transfer): one id, one request, for as long as it is remembered
+            raise InvalidRequest(f"request id {request_id!r} was already used; ids are unique per engine run")
+
+    def _tokenized(self, request: _Submit, job: TokenizeJob) -> None:
+        """On the loop: a text prompt's tokens are back (or why they are not)."""
+        try:
+            if job.cancelled:
+                self.sup.audit.record(request.request_id, "cancelled", reason="cancelled while its prompt was tokenized")
+                self.sup.to_client(request.identity, pack({
+                    "op": "error", "id": request.msg.get("id"), "request_id": request.request_id,
+                    "error": {"code": "cancelled", "message": f"request {request.request_id} cancelled"}}))
+            elif isinstance(job.result, PageWardenError):
+                self._reject(request, job.result)
+            elif isinstance(job.result, Exception):
+                self._reject(request, InvalidRequest(f"request {request.request_id}: the prompt could not be "
+                                                     f"tokenized: {type(job.result).__name__}: {job.result}"))
+            else:
+                self._submit(request, job.result)
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: reported and answered, as any handler's
+            detail = self.sup.report_bug("control", request.caller[:32], exc)
+            self.sup.to_client(request.identity, error_reply(request.msg.get("id"), "internal_error", detail))
+
+    def tokenize_failed(self, job: TokenizeJob, exc: Exception) -> None:
+        """A job whose `then` raised (it answers its own bugs; this is the last resort)."""
+        self.sup.report_bug("control", job.owner[:32], exc)
+
+    def _submit(self, request: _Submit, ids: list[int]) -> None:
+        """Admission (I2) of a request whose prompt is token ids, then accept or reject."""
+        sup, request_id, params = self.sup, request.request_id, request.params
         placeholder = False
         try:
-            params = self._params(msg)
-            prompt = self._prompt(msg, request_id)
-            if request_id.startswith(CANARY_PREFIX):
-                raise InvalidRequest(f"request id {request_id!r}: ids starting with {CANARY_PREFIX!r} are the "
-                                     "engine's own canaries; choose another")
-            if request_id in sup.book:
-                # a worker may still answer for the earlier request of that id (a late
-                # reservation, a transfer): one id, one request, for as long as it is remembered
-                raise InvalidRequest(f"request id {request_id!r} was already used; ids are unique per engine run")
+            prompt = check_prompt_ids(request_id, ids, sup.model_config.vocab_size)
+            self._check_new_id(request_id)  # again: another request may have taken it while this one tokenized
             SamplingParams(**{k: v for k, v in params.items() if k != "stream"}).validate(request_id)
-            budget_key = self.caller
-            sup.book.check_budget(budget_key, request_id, len(prompt) + params["max_new_tokens"],
+            sup.book.check_budget(request.caller, request_id, len(prompt) + params["max_new_tokens"],
                                   sup.config.engine.max_requests_per_client, sup.config.engine.max_tokens_per_client)
             placeholder = self._admit(request_id, len(prompt), params["max_new_tokens"])
         except (PageWardenError, ProtocolError) as exc:
-            sup.counters["rejected"] += 1
-            sup.audit.record(request_id, "rejected", code=exc.code, message=str(exc), tenant=_tenant_of(msg))
-            if exc.code == "admission_rejected":
-                sup.alert("admission_rejected", "info", str(exc), subject=exc.limit_name, requests=[request_id],
-                          prevented=True)
-            sup.to_client(identity, pack({"op": "error", "id": msg.get("id"), "request_id": request_id,
-                                          "error": exc.to_wire()}))
+            self._reject(request, exc)
             return
-        tenant = field_of(msg, "tenant", "str", default="default", max_len=64)
-        tier = field_of(msg, "data_tier", "str", default=None, max_len=64)
-        # the client behind this connection (the HTTP front names its peer): a turn of its own
-        # in the queue, within this connection's turn, so naming more of them gains nothing
-        sub_client = field_of(msg, "client", "str", default="", max_len=128)
-        rec = self.accept(request_id, slot, prompt, params, tenant, identity, msg.get("id"), data_tier=tier,
-                          budget_key=budget_key, sub_client=sub_client)
-        rec.owner = self.caller
+        rec = self.accept(request_id, request.slot, prompt, params, request.tenant, request.identity,
+                          request.msg.get("id"), data_tier=request.tier, budget_key=request.caller,
+                          sub_client=request.sub_client)
+        rec.owner = request.caller
         rec.placeholder = placeholder
+
+    def _reject(self, request: _Submit, exc: PageWardenError | ProtocolError) -> None:
+        sup = self.sup
+        sup.counters["rejected"] += 1
+        sup.audit.record(request.request_id, "rejected", code=exc.code, message=str(exc), tenant=_tenant_of(request.msg))
+        if exc.code == "admission_rejected":
+            sup.alert("admission_rejected", "info", str(exc), subject=exc.limit_name, requests=[request.request_id],
+                      prevented=True)
+        sup.to_client(request.identity, pack({"op": "error", "id": request.msg.get("id"),
+                                              "request_id": request.request_id, "error": exc.to_wire()}))
 
     def accept(self, request_id: str, slot: int, prompt: list[int], params: dict, tenant: str,
                identity: bytes | None, msg_id, *, data_tier: str | None = None,
@@ -183,15 +254,6 @@ class ControlOps:
             "stream": field_of(msg, "stream", "bool", default=True),
         }
 
-    def _prompt(self, msg: Message, request_id: str) -> list[int]:
-        ids = field_of(msg, "prompt_ids", "list[int]", default=None, max_len=MAX_PROMPT_TOKENS)
-        text = field_of(msg, "prompt", "str", default=None, max_len=8 * MAX_PROMPT_TOKENS)
-        if (ids is None) == (text is None):
-            raise InvalidRequest(f"request {request_id}: give exactly one of 'prompt_ids' and 'prompt'")
-        if text is not None:
-            ids = self.sup.tokenizer.encode(text)
-        return check_prompt_ids(request_id, ids, self.sup.model_config.vocab_size)
-
     def token_event(self, rec: RequestRecord, tokens: list[int]) -> list:
         return pack({"op": "token", "id": rec.msg_id, "request_id": rec.request_id,
                      "token_ids": [int(t) for t in tokens], "text": self.sup.text_delta(rec)})
@@ -200,6 +262,15 @@ class ControlOps:
         sup = self.sup
         rid = field_of(msg, "request_id", "str")
         rec = sup.book.get(rid)
+        if rec is None and rid in sup.prompts.pending:  # its prompt is being tokenized: it ends when that is done
+            job = sup.prompts.pending[rid]
+            if job.owner != self.caller and self.role != "admin":
+                sup.counters["forbidden"] += 1
+                raise Forbidden(f"request {rid} belongs to another client; only it or an admin may cancel it")
+            sup.prompts.cancel(rid)
+            sup.audit.record(rid, "cancel_requested")
+            self._reply(identity, msg, {"request_id": rid, "cancelled": True})
+            return
         if rec is None or rec.done:
             raise InvalidRequest(f"request {rid!r} is not running")
         self._own(rec, "cancel")
