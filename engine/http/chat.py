@@ -1,15 +1,21 @@
 """POST /v1/chat/completions: OpenAI chat messages rendered to one prompt, then a completion.
 
 The prompt comes from the checkpoint's chat template (`chat_template` in its
-tokenizer_config.json, a Jinja template as Hugging Face writes them, rendered in Jinja's
-sandbox with `messages`, `add_generation_prompt`, `bos_token` and `eos_token`). A checkpoint
-without one (the default `pagewarden-copy` has none) gets DEFAULT_TEMPLATE:
+tokenizer_config.json, a Jinja template as Hugging Face writes them, with `messages`,
+`add_generation_prompt`, `bos_token`, `eos_token` and `raise_exception`), rendered by
+engine/http/template_renderer.py in a render process, inside limits
+(engine/http/template_sandbox.py). A checkpoint without one (the default
+`pagewarden-copy` has none) gets DEFAULT_TEMPLATE:
 
     <|system|>\\n{content}</s>\\n<|user|>\\n{content}</s>\\n<|assistant|>\\n
 
 (one block per message, eos after each, the assistant header last), as `/v1/models` says
 under `chat_template`. Everything after the messages is a completion request
-(`parse_completion`'s checks: max_tokens, temperature, stop, stream, ...).
+(`parse_options`' checks: max_tokens, temperature, stop, stream, ...). Fields: the
+completion's served and neutral ones (engine/http/openai_request.py) without prompt, echo,
+best_of and suffix, plus messages and max_completion_tokens (served), and, at their neutral
+value only, logprobs = false and response_format = {"type": "text"}; top_logprobs only as
+null. Anything else is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -18,17 +24,30 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-from engine.http.openai_request import CompletionRequest, HttpError, field_error, parse_completion
+from engine.http.openai_request import (
+    NEUTRAL,
+    SERVED,
+    CompletionRequest,
+    HttpError,
+    check_fields,
+    field_error,
+    parse_options,
+    prompt_text,
+    utf8_bytes,
+)
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
 MAX_MESSAGES = 1_024
 MAX_CONTENT_BYTES = 4 << 20  # the whole conversation, as the prompt limit
 DEFAULT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}{{ eos_token }}\n{% endfor %}"
                     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
-CHAT_ONLY = ("messages", "max_completion_tokens")  # chat fields parse_completion does not know
+CHAT_SERVED = (*(f for f in SERVED if f != "prompt"), "messages", "max_completion_tokens")
+CHAT_NEUTRAL = {
+    **{k: v for k, v in NEUTRAL.items() if k in ("n", "presence_penalty", "frequency_penalty", "logit_bias")},
+    "logprobs": (lambda v: v is False, "only false (log probabilities are not returned)"),
+    "top_logprobs": (lambda v: False, "log probabilities are not returned; leave it out"),
+    "response_format": (lambda v: v == {"type": "text"}, "only {\"type\": \"text\"} (no structured output)"),
+}
 
 
 @dataclass(frozen=True)
@@ -38,19 +57,6 @@ class ChatTemplate:
     bos_token: str = ""
     eos_token: str = ""
 
-    def render(self, messages: list[dict]) -> str:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-
-        def raise_exception(message):
-            raise TemplateError(message)
-
-        env.globals["raise_exception"] = raise_exception
-        try:
-            return env.from_string(self.source).render(messages=messages, add_generation_prompt=True,
-                                                       bos_token=self.bos_token, eos_token=self.eos_token)
-        except TemplateError as exc:  # the template refused these messages (a role order, say)
-            raise HttpError(400, f"the chat template ({self.origin}) refused these messages: {exc}",
-                            param="messages") from None
 
 
 def _token_text(value) -> str:
@@ -106,7 +112,7 @@ def parse_messages(value) -> list[dict]:
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise field_error(f"messages[{i}]", m, f"an object with a role ({', '.join(ROLES)}) and content")
         content = _content(i, m.get("content"))
-        size += len(content.encode("utf-8", "surrogatepass"))
+        size += len(utf8_bytes(f"messages[{i}].content", content))
         if size > MAX_CONTENT_BYTES:
             raise HttpError(400, f"'messages' hold more than {MAX_CONTENT_BYTES:,} bytes of content",
                             param="messages")
@@ -114,19 +120,29 @@ def parse_messages(value) -> list[dict]:
     return messages
 
 
-def parse_chat(body, template: ChatTemplate) -> CompletionRequest:
-    """A chat body -> the CompletionRequest of its rendered prompt. HttpError(400) names
-    the field and the limit."""
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: list[dict]
+    options: dict  # every CompletionRequest field but the prompt
+
+    def completion(self, prompt: str) -> CompletionRequest:
+        """The completion of the rendered prompt. Raises HttpError(400) for an empty one."""
+        return CompletionRequest(prompt=prompt_text(prompt, "messages"), prompt_ids=None, **self.options)
+
+
+def parse_chat(body) -> ChatRequest:
+    """A chat body -> its messages and completion options, every field checked before any
+    rendering. HttpError(400) names the field and the limit."""
     if not isinstance(body, dict):
         raise HttpError(400, f"the request body must be a JSON object, got {type(body).__name__}")
     if "prompt" in body:
         raise field_error("prompt", body["prompt"], "not a chat field: send 'messages' (or use /v1/completions)")
+    check_fields(body, CHAT_SERVED, CHAT_NEUTRAL)
     messages = parse_messages(body.get("messages"))
-    rest = {k: v for k, v in body.items() if k not in CHAT_ONLY}
+    rest = {k: v for k, v in body.items() if k not in ("messages", "max_completion_tokens")}
     if body.get("max_completion_tokens") is not None:
         if body.get("max_tokens") is not None and body["max_tokens"] != body["max_completion_tokens"]:
             raise field_error("max_completion_tokens", body["max_completion_tokens"],
                               f"differs from max_tokens = {body['max_tokens']!r}; send one of them")
         rest["max_tokens"] = body["max_completion_tokens"]
-    rest["prompt"] = template.render(messages)
-    return parse_completion(rest)
+    return ChatRequest(messages, parse_options(rest))

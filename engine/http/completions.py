@@ -23,6 +23,7 @@ from engine.http.engine_link import EngineError, EngineLink
 from engine.http.openai_request import CompletionRequest, HttpError, parse_completion
 from engine.http.prometheus_text import metrics_handler
 from engine.http.stop_filter import StopFilter
+from engine.http.template_renderer import MAX_RENDER_CPU_S, TemplateRenderer
 
 MAX_BODY_BYTES = 32 << 20  # a prompt of 2 Mi token ids as JSON
 IDLE_TIMEOUT_S = 300.0  # the engine said nothing about a request for this long: 504
@@ -60,8 +61,10 @@ def engine_http_error(code: str, message: str) -> HttpError:
 
 
 class CompletionsApp:
-    def __init__(self, link: EngineLink, *, idle_timeout_s: float = IDLE_TIMEOUT_S):
+    def __init__(self, link: EngineLink, *, idle_timeout_s: float = IDLE_TIMEOUT_S,
+                 render_cpu_s: float = MAX_RENDER_CPU_S):
         self.link, self.idle_timeout_s = link, idle_timeout_s
+        self.renderer = TemplateRenderer(cpu_s=render_cpu_s)
         self._info: tuple[float, dict] | None = None
         self._template: tuple[str, ChatTemplate] | None = None  # (model path, its chat template)
         self._cancels: set[asyncio.Task] = set()
@@ -72,7 +75,11 @@ class CompletionsApp:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", metrics_handler(self.link))
+        app.on_cleanup.append(self._close)
         return app
+
+    async def _close(self, app: web.Application) -> None:
+        self.renderer.close()
 
     # ---- /v1/models -------------------------------------------------------------------
     async def model_info(self) -> dict:
@@ -103,10 +110,12 @@ class CompletionsApp:
         return await self._complete(request, parse_completion(body), await self.model_info(), chat=False)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        body = parse_json_body(await request.read())
+        """Every field is checked before the render; the render runs in a render process
+        (engine/http/template_renderer.py), so this loop serves everyone else meanwhile."""
+        chat = parse_chat(parse_json_body(await request.read()))
         info = await self.model_info()
-        req = parse_chat(body, self._template[1])  # model_info loaded the template
-        return await self._complete(request, req, info, chat=True)
+        prompt = await self.renderer.render(self._template[1], chat.messages)  # model_info loaded the template
+        return await self._complete(request, chat.completion(prompt), info, chat=True)
 
     async def _complete(self, request: web.Request, req: CompletionRequest, info: dict, *,
                         chat: bool) -> web.StreamResponse:

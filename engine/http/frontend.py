@@ -11,6 +11,7 @@ from aiohttp import web
 from engine.http.completions import HEADER_TIMEOUT_S, CompletionsApp
 from engine.http.engine_link import EngineLink
 from engine.http.prometheus_text import metrics_app
+from engine.http.template_renderer import MAX_RENDER_CPU_S
 
 START_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 256  # open HTTP connections at once; past it: 503 and closed
@@ -19,9 +20,12 @@ MAX_CONNECTIONS = 256  # open HTTP connections at once; past it: 503 and closed
 class HttpFrontend:
     def __init__(self, control_endpoint: str, host: str = "127.0.0.1", port: int = 0, *,
                  curve: tuple[bytes, bytes, bytes] | None = None, header_timeout_s: float = HEADER_TIMEOUT_S,
-                 max_connections: int = MAX_CONNECTIONS, only_metrics: bool = False):
-        """only_metrics: serve GET /metrics alone (serve --metrics-port)."""
+                 max_connections: int = MAX_CONNECTIONS, only_metrics: bool = False,
+                 render_cpu_s: float = MAX_RENDER_CPU_S):
+        """only_metrics: serve GET /metrics alone (serve --metrics-port). render_cpu_s: CPU
+        seconds one chat template render may use (serve --chat-render-cpu-s)."""
         self.control_endpoint, self.host, self.port, self.curve = control_endpoint, host, port, curve
+        self.render_cpu_s = render_cpu_s
         self.only_metrics = only_metrics
         self.header_timeout_s, self.max_connections = header_timeout_s, max_connections
         self.capped: CappedConnections | None = None
@@ -63,7 +67,7 @@ class HttpFrontend:
         link.start()
         # handler_cancellation: a client that hangs up cancels its engine request at once,
         # not at the next token; the pages go back before that client's next request.
-        app = metrics_app(link) if self.only_metrics else CompletionsApp(link).build()
+        app = metrics_app(link) if self.only_metrics else CompletionsApp(link, render_cpu_s=self.render_cpu_s).build()
         runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                handler_cancellation=True, keepalive_timeout=self.header_timeout_s)
         await runner.setup()

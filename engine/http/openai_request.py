@@ -3,6 +3,18 @@
 Every mistake is an HttpError (400) naming the field, the value and the limit. Only the
 shape and sane ranges are checked here: whether the request fits the context window and
 the pools is admission's answer (I2), so the engine's own rejection reaches the client.
+
+Which fields, decided once (a client must hear what it will not get, not get it silently):
+- served: model, prompt, max_tokens, temperature, top_p, stream, stream_options, stop,
+  user (the tenant), seed, and vLLM's ignore_eos;
+- accepted at their neutral value only, with their OpenAI type (SDKs and wrappers send them
+  by default): n = 1, best_of = 1, echo = false, presence_penalty = 0,
+  frequency_penalty = 0, logit_bias = {}; logprobs and suffix only as null. `n: true` or
+  `echo: 0` is a 400: the type is part of the value;
+- tools, tool_choice, functions, function_call, parallel_tool_calls: a 400 saying tools are
+  not supported (null passes);
+- any other field: a 400 naming it (a misspelt `max_token` used to be ignored silently).
+null means "left out" for every known field. Chat's own list is in engine/http/chat.py.
 """
 
 from __future__ import annotations
@@ -18,9 +30,35 @@ MAX_STOP = 4  # as OpenAI: up to four stop sequences
 MAX_STOP_CHARS = 256
 MAX_USER_CHARS = 64  # the engine's tenant name limit
 MAX_TEMPERATURE = 2.0
-# Fields of the OpenAI API this engine does not implement: only their neutral value passes.
-NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (), "suffix": (),
-           "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},)}
+MAX_NAMED_FIELDS = 5  # unknown fields named in one error, at most (a body may hold thousands)
+SERVED = ("model", "prompt", "max_tokens", "temperature", "top_p", "stream", "stream_options", "stop", "user", "seed",
+          "ignore_eos")
+TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_zero(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+
+
+def _never(value) -> bool:
+    return False
+
+
+# Fields of the OpenAI API this engine does not implement: (holds(value), what is accepted).
+NEUTRAL = {
+    "n": (lambda v: _is_int(v) and v == 1, "only 1 is served (one choice per request)"),
+    "best_of": (lambda v: _is_int(v) and v == 1, "only 1 is served (one candidate per request)"),
+    "echo": (lambda v: v is False, "only false (the prompt is not echoed back)"),
+    "presence_penalty": (_is_zero, "only 0 (penalties are not applied)"),
+    "frequency_penalty": (_is_zero, "only 0 (penalties are not applied)"),
+    "logit_bias": (lambda v: isinstance(v, dict) and not v, "only {} (logit biases are not applied)"),
+    "logprobs": (_never, "log probabilities are not returned; leave it out"),
+    "suffix": (_never, "leave it out"),
+}
 
 
 class HttpError(Exception):
@@ -71,43 +109,69 @@ class CompletionRequest:
         return fields
 
 
+def check_fields(body: dict, served, neutral: dict) -> None:
+    """Raises HttpError(400) for a tools field, an unknown field (named), or a neutral-only
+    field at another value; see the module docstring."""
+    for name in TOOL_FIELDS:
+        if body.get(name) is not None:
+            raise HttpError(400, f"'{name}' is not supported: this engine does not call tools or functions; "
+                                 "leave it out", param=name, code="unsupported_parameter")
+    unknown = [k for k in body if k not in served and k not in neutral and k not in TOOL_FIELDS]
+    if unknown:
+        named = ", ".join(repr(k[:40]) for k in unknown[:MAX_NAMED_FIELDS])
+        more = f" and {len(unknown) - MAX_NAMED_FIELDS:,} more" if len(unknown) > MAX_NAMED_FIELDS else ""
+        raise HttpError(400, f"unknown field{'s' if len(unknown) > 1 else ''} {named}{more}: this endpoint reads "
+                             f"{', '.join(sorted([*served, *neutral]))}", param=str(unknown[0])[:40],
+                        code="unknown_parameter")
+    for name, (holds, accepted) in neutral.items():
+        if body.get(name) is not None and not holds(body[name]):
+            raise field_error(name, body[name], f"not supported by this engine: {accepted}")
+
+
+def parse_options(body: dict) -> dict:
+    """Every CompletionRequest field but the prompt, checked (the fields are checked already)."""
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise field_error("model", model, "a model name (see /v1/models)")
+    return {
+        "model": model,
+        "max_tokens": _int(body, "max_tokens", 16, 1, MAX_TOKENS),
+        "temperature": _number(body, "temperature", 1.0, 0.0, MAX_TEMPERATURE),
+        "top_p": _top_p(body),
+        "stream": _bool(body, "stream", False),
+        "stop": _stop(body.get("stop")),
+        "user": _user(body.get("user")),
+        "seed": None if body.get("seed") is None else _int(body, "seed", 0, 0, (1 << 63) - 1),
+        "ignore_eos": _bool(body, "ignore_eos", False),
+        "include_usage": _include_usage(body.get("stream_options")),
+    }
+
+
 def parse_completion(body) -> CompletionRequest:
     """A JSON body -> CompletionRequest. Raises HttpError(400) naming the field and the limit."""
     if not isinstance(body, dict):
         raise HttpError(400, f"the request body must be a JSON object, got {type(body).__name__}")
-    for name, allowed in NEUTRAL.items():
-        if body.get(name) is not None and body[name] not in allowed:
-            raise field_error(name, body[name], "not supported by this engine; leave it out"
-                              + (f" or send {allowed[0]!r}" if allowed else ""))
-    model = body.get("model")
-    if model is not None and (not isinstance(model, str) or not model):
-        raise field_error("model", model, "a model name (see /v1/models)")
+    check_fields(body, SERVED, NEUTRAL)
+    options = parse_options(body)
     prompt, prompt_ids = _prompt(body.get("prompt"))
-    return CompletionRequest(
-        model=model, prompt=prompt, prompt_ids=prompt_ids,
-        max_tokens=_int(body, "max_tokens", 16, 1, MAX_TOKENS),
-        temperature=_number(body, "temperature", 1.0, 0.0, MAX_TEMPERATURE),
-        top_p=_top_p(body),
-        stream=_bool(body, "stream", False),
-        stop=_stop(body.get("stop")),
-        user=_user(body.get("user")),
-        seed=None if body.get("seed") is None else _int(body, "seed", 0, 0, (1 << 63) - 1),
-        ignore_eos=_bool(body, "ignore_eos", False),
-        include_usage=_include_usage(body.get("stream_options")),
-    )
+    return CompletionRequest(prompt=prompt, prompt_ids=prompt_ids, **options)
+
+
+def prompt_text(value: str, name: str = "prompt") -> str:
+    """A text prompt: not empty, valid Unicode, at most MAX_PROMPT_BYTES. Raises HttpError(400)."""
+    if not value:
+        raise field_error(name, value, "an empty prompt; send at least one character")
+    size = len(utf8_bytes(name, value))
+    if size > MAX_PROMPT_BYTES:
+        raise HttpError(400, f"'{name}' has {size:,} bytes, more than the limit {MAX_PROMPT_BYTES:,}", param=name)
+    return value
 
 
 def _prompt(value) -> tuple[str | None, list[int] | None]:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]  # a batch of one
     if isinstance(value, str):
-        if not value:
-            raise field_error("prompt", value, "an empty prompt; send at least one character")
-        size = len(_utf8("prompt", value))
-        if size > MAX_PROMPT_BYTES:
-            raise HttpError(400, f"'prompt' has {size:,} bytes, more than the limit {MAX_PROMPT_BYTES:,}",
-                            param="prompt")
-        return value, None
+        return prompt_text(value), None
     if isinstance(value, list) and value and all(_is_int(t) for t in value):
         if len(value) > MAX_PROMPT_IDS:
             raise HttpError(400, f"'prompt' has {len(value):,} token ids, more than the limit {MAX_PROMPT_IDS:,}",
@@ -121,16 +185,12 @@ def _prompt(value) -> tuple[str | None, list[int] | None]:
     raise field_error("prompt", value, "a non-empty string or a non-empty list of integer token ids")
 
 
-def _utf8(name: str, value: str) -> bytes:
+def utf8_bytes(name: str, value: str) -> bytes:
     try:
         return value.encode("utf-8")
     except UnicodeEncodeError as exc:  # a lone surrogate (JSON "\ud800") cannot cross the wire
         raise HttpError(400, f"'{name}' is not valid Unicode: {exc.object[exc.start:exc.end]!r} at character "
                         f"{exc.start} is a lone surrogate", param=name) from None
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _int(body: dict, name: str, default: int, low: int, high: int) -> int:
@@ -189,7 +249,7 @@ def _user(value) -> str | None:
         return None
     if not isinstance(value, str) or not 1 <= len(value) <= MAX_USER_CHARS:
         raise field_error("user", value, f"a string of 1 to {MAX_USER_CHARS} characters (it names the tenant)")
-    _utf8("user", value)
+    utf8_bytes("user", value)
     return value
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from engine.wire.sockets import is_loopback_host
 
 MAX_PORT = 65535
+MAX_RENDER_CPU_S = 2.0  # CPU per chat template render: real ones take milliseconds for 1,024 messages
+MAX_RENDER_CPU_FLAG_S = 3_600.0  # the largest --chat-render-cpu-s: an hour for one prompt is never a template
 
 
 def add_http_args(parser) -> None:
@@ -26,6 +28,9 @@ def add_http_args(parser) -> None:
     parser.add_argument("--http-allow-remote", action="store_true",
                         help="allow a non-loopback --http-host although HTTP has no CURVE (put TLS and "
                         "authentication in front of it)")
+    parser.add_argument("--chat-render-cpu-s", type=float, default=MAX_RENDER_CPU_S, metavar="S",
+                        help="CPU seconds one chat template render may use before the request is refused with "
+                        f"a 400 (default {MAX_RENDER_CPU_S:g}; real templates take milliseconds)")
 
 
 def check_http_args(args) -> None:
@@ -33,6 +38,9 @@ def check_http_args(args) -> None:
     ports = [(flag, value) for flag, value in (("--http-port", args.http_port),
                                                ("--metrics-port", getattr(args, "metrics_port", None)))
              if value is not None]
+    cpu_s = getattr(args, "chat_render_cpu_s", MAX_RENDER_CPU_S)
+    if not 0 < cpu_s <= MAX_RENDER_CPU_FLAG_S:
+        raise ValueError(f"--chat-render-cpu-s {cpu_s:g} is outside (0, {MAX_RENDER_CPU_FLAG_S:g}] seconds")
     if not ports:
         return
     for flag, value in ports:
@@ -59,6 +67,7 @@ def start_http(args, control_endpoint: str, *, only_metrics: bool = False):
         from engine.wire.curve import load_client_keys, load_public_key
 
         curve = (load_public_key(Path(args.keys) / "server.key"), *load_client_keys(args.keys))
-    frontend = HttpFrontend(control_endpoint, args.http_host, port, curve=curve, only_metrics=only_metrics)
+    frontend = HttpFrontend(control_endpoint, args.http_host, port, curve=curve, only_metrics=only_metrics,
+                            render_cpu_s=getattr(args, "chat_render_cpu_s", MAX_RENDER_CPU_S))
     frontend.start()
     return frontend

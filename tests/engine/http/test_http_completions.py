@@ -118,7 +118,13 @@ def test_concurrent_requests_each_get_their_own_answer(server):
     ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "stop", ["at most 4"]),
     ({"prompt": "hi", "user": "u" * 65}, "user", ["1 to 64 characters"]),
     ({"prompt": "hi", "stream": "yes"}, "stream", ["'yes'", "true or false"]),
-    ({"prompt": "hi", "n": 2}, "n", ["2", "not supported"]),
+    ({"prompt": "hi", "n": 2}, "n", ["2", "not supported", "only 1 is served"]),
+    ({"prompt": "hi", "n": True}, "n", ["True", "only 1 is served"]),  # was accepted: True == 1
+    ({"prompt": "hi", "echo": 0}, "echo", ["0", "only false"]),  # was accepted: 0 == False
+    ({"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools",
+     ["does not call tools"]),
+    ({"prompt": "hi", "max_token": 5}, "max_token", ["unknown field 'max_token'", "max_tokens"]),
+    ({"prompt": "hi", "logprobs": 1}, "logprobs", ["not returned"]),
 ])
 def test_bad_input_is_400_naming_the_field(server, body, param, words):
     status, answer = post(server, body)

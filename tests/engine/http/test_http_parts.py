@@ -115,3 +115,32 @@ def test_connections_past_the_cap_get_503_and_are_closed():
         for sock in held:
             sock.close()
         frontend.stop()
+
+
+@pytest.mark.parametrize("value, ok", [("2", True), ("3600", True), ("0", False), ("-1", False), ("nan", False),
+                                       ("3601", False)])
+def test_chat_render_cpu_flag_is_checked(value, ok):
+    import argparse
+
+    from engine.http.options import add_http_args, check_http_args
+
+    parser = argparse.ArgumentParser()
+    add_http_args(parser)
+    args = parser.parse_args(["--http-port", "0", "--chat-render-cpu-s", value])
+    if ok:
+        check_http_args(args)
+    else:
+        with pytest.raises(ValueError, match=f"--chat-render-cpu-s {float(value):g} is outside"):
+            check_http_args(args)
+
+
+def test_unknown_fields_are_named_and_neutral_ones_need_their_type():
+    with pytest.raises(HttpError, match=r"unknown fields 'a0', 'a1', 'a2', 'a3', 'a4' and 5 more") as err:
+        parse_completion({"prompt": "hi", **{f"a{i}": i for i in range(10)}})
+    assert err.value.param == "a0" and err.value.code == "unknown_parameter"
+    req = parse_completion({"prompt": "hi", "n": 1, "best_of": 1, "echo": False, "presence_penalty": 0.0,
+                            "frequency_penalty": 0, "logit_bias": {}, "suffix": None, "tools": None})
+    assert req.prompt == "hi"
+    for body in ({"n": 1.0}, {"echo": 0}, {"logit_bias": {"50256": -100}}, {"presence_penalty": False}):
+        with pytest.raises(HttpError, match="not supported by this engine"):
+            parse_completion({"prompt": "hi", **body})
