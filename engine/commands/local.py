@@ -53,11 +53,28 @@ def parse_ids(text: str) -> list[int]:
     return ids
 
 
+def check_generate_pool(config) -> None:
+    """`generate` allocates one pool, the decode pool: ConfigError naming its pages, its bytes and
+    this machine's memory when it cannot fit (pages = 2**31 - 1 asked torch for 70 TB and ended
+    in a RuntimeError traceback)."""
+    from engine.errors import ConfigError
+    from engine.model.config import read_model_config
+    from engine.pool_memory import host_memory_bytes, pool_memory
+
+    decode = next(p for p in pool_memory(config, read_model_config(config.model.resolved_path())) if p.name == "decode")
+    memory = host_memory_bytes()
+    if memory is not None and decode.bytes_per_worker > memory:
+        raise ConfigError(f"pools.decode.pages = {config.pools['decode'].pages:,} needs "
+                          f"{decode.bytes_per_worker / 2**30:,.1f} GiB ({decode.bytes_per_worker:,} bytes) but this "
+                          f"machine has {memory / 2**30:,.1f} GiB of memory; make the pool smaller")
+
+
 def cmd_generate(args) -> int:
-    from engine.errors import AdmissionRejected, PageWardenError
+    from engine.errors import AdmissionRejected, ConfigError, PageWardenError
 
     try:
         config = load_config(args)
+        check_generate_pool(config)
         from engine.core import Engine
         from engine.model.load import load_model
         from engine.request import SamplingParams
@@ -72,7 +89,11 @@ def cmd_generate(args) -> int:
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
             top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos,
         )
-        engine = Engine(config, model)
+        try:
+            engine = Engine(config, model)
+        except RuntimeError as exc:  # torch: the pool does not fit the device (a GPU is smaller than the host)
+            raise ConfigError(f"pools.decode.pages = {config.pools['decode'].pages:,} could not be allocated on "
+                              f"{model.device}: {str(exc).splitlines()[0]}; make the pool smaller") from None
         request = engine.submit(prompt, params)
         engine.run_until_idle()
     except AdmissionRejected as exc:

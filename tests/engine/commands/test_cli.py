@@ -88,3 +88,13 @@ def test_bad_input_gets_a_clear_error(argv, code, fragment, capsys):
     captured = capsys.readouterr()
     assert fragment in captured.err
     assert fragment in json.loads(captured.out.strip().splitlines()[-1])["error"]["message"]
+
+
+def test_generate_with_a_pool_larger_than_memory_names_pages_and_memory(tmp_path, capsys):
+    """pools.decode.pages = 2**31 - 1 ended in torch's RuntimeError traceback (70 TB asked for)."""
+    from engine.client.local_server import write_config
+
+    config = write_config(tmp_path / "big.toml", pools={"prefill": {"pages": 16}, "decode": {"pages": (1 << 31) - 1}})
+    assert main.main(["generate", "--prompt-ids", "256,1", "--config", str(config), "--json"]) == 2
+    message = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]["message"]
+    assert "pools.decode.pages = 2,147,483,647 needs" in message and "GiB of memory; make the pool smaller" in message
