@@ -42,6 +42,7 @@ class AlertRow:
     requests_total: int | None = None  # requests the episode named in all (None: the list is all)
     pages_total: int | None = None
     marker: bool = False  # not an alert: the app's note that the engine restarted here
+    prevented: bool | None = None  # True: every event of it was stopped before data crossed (None: not said)
 
     @property
     def ack_id(self) -> str:
@@ -100,6 +101,7 @@ def alert_row(msg) -> AlertRow:
         previous_run=bool(msg.get("previous_run", False)),
         run=str(msg.get("run") or "") if msg.get("previous_run") else "",
         requests_total=_count(msg.get("requests_total")), pages_total=_count(msg.get("pages_total")),
+        prevented=msg.get("prevented") if isinstance(msg.get("prevented"), bool) else None,
     )
 
 

@@ -54,8 +54,9 @@ def affected_at(crossings, alerts, t: float | None) -> dict[str, str]:
         if c.source:
             why.setdefault(c.source, f"its data went to {c.reader or 'an unknown request'}")
     for alert in alerts:
-        # an alert's list is not stamped per request: only one that ended by t proves its names
-        if alert.kind in DETECTORS and (t is None or alert.last_seen <= t):
+        # an alert's list is not stamped per request: only one that ended by t proves its names;
+        # one whose every event was stopped (a transfer refused, recomputed) names no crossing
+        if alert.kind in DETECTORS and alert.prevented is not True and (t is None or alert.last_seen <= t):
             for rid in alert.requests:
                 why.setdefault(rid, f"named by the {alert.kind} alert")
     return why
