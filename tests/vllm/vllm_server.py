@@ -22,7 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = REPO / "resources" / "models" / "pagewarden-copy"
-START_TIMEOUT_S = 240.0
+START_TIMEOUT_S = 420.0  # vLLM compiles its model at start: minutes on a loaded 2-core machine
 VLLM_VERSION = "0.32.0"
 
 

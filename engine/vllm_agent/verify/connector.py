@@ -32,7 +32,9 @@ extra config keys: inner (required), verify (default true; false keeps the bookk
 checks nothing, for measuring), agent (optional: PageWardenConnector's extra config; the
 agent then runs beside, maps the pool and raises the alerts), test_fault (tests only, needs
 PAGEWARDEN_ALLOW_FAULTS=1: "short_transfer" makes each consumer load leave its last
-`fault_blocks` blocks (default 2; never the first) unwritten while the inner reports it done).
+`fault_blocks` blocks (default 2; never the first) unwritten while the inner reports it done;
+"per_request" lets each request's kv_transfer_params say, under "pagewarden_test", whether it
+gets that fault and whether it is checked, so that one consumer serves a test's every row).
 
 Only one KV cache group and tensor parallel 1 have been run (vLLM 0.32 CPU).
 """
@@ -62,7 +64,8 @@ from engine.vllm_agent.verify.digest import (combine, copy_blocks, digest_blocks
                                              scrub_blocks)
 
 logger = logging.getLogger(__name__)
-TEST_FAULTS = ("short_transfer",)
+TEST_FAULTS = ("short_transfer", "per_request")
+TEST_KEY = "pagewarden_test"  # per_request: {"fault": bool, "verify": bool} in kv_transfer_params
 MASK64 = (1 << 64) - 1
 
 
@@ -81,6 +84,8 @@ class CheckTask:
     expected: list[int] | None  # None: no block can be trusted, `reason` says why
     reason: str = ""
     after_recv: bool = False  # an async inner: check once it reports the request received
+    verify: bool = True  # False: bookkeeping only (the wrapper's `verify`, or a test's row)
+    fault: bool = False  # tests only: this load gets the short_transfer fault
 
 
 @dataclass
@@ -241,7 +246,7 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
 
     def _check(self, task: CheckTask, layers) -> None:
         blocks = task.blocks
-        if not self.verify or not blocks.block_ids:
+        if not task.verify or not blocks.block_ids:
             return
         if task.expected is None:
             bad, found = list(range(len(blocks.block_ids))), []
@@ -265,10 +270,8 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
         self._findings.append(finding)
 
     def _fault_before(self, tasks: list[CheckTask], layers):
-        if self.fault != "short_transfer":
-            return None
         ids = []
-        for task in tasks:  # the first loaded block stays written: the reply starts out right
+        for task in (t for t in tasks if t.fault):  # the first loaded block stays written: the reply starts out right
             left = task.blocks.block_ids[max(1, len(task.blocks.block_ids) - self.fault_blocks):]
             if left:
                 ids += left
@@ -356,9 +359,20 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
         found = mf.parse(request.kv_transfer_params)
         expected = mf.expected_digests(found, request_id=rid, token_ids=request.prompt_token_ids,
                                        block_size=bs, loaded=loaded)
+        verify, fault = self._test_switches(request)
         if isinstance(expected, str):
-            return CheckTask(blocks, None, expected, is_async)
-        return CheckTask(blocks, [expected[p] for p in positions], "", is_async)
+            return CheckTask(blocks, None, expected, is_async, verify, fault)
+        return CheckTask(blocks, [expected[p] for p in positions], "", is_async, verify, fault)
+
+    def _test_switches(self, request) -> tuple[bool, bool]:
+        """(check this load, give it the test fault). Only a test started with test_fault
+        "per_request" (and PAGEWARDEN_ALLOW_FAULTS=1) lets a request choose; anywhere else
+        the switches in a request's params are ignored."""
+        if self.fault != "per_request":
+            return self.verify, self.fault == "short_transfer"
+        params = request.kv_transfer_params if isinstance(request.kv_transfer_params, dict) else {}
+        test = params.get(TEST_KEY) if isinstance(params.get(TEST_KEY), dict) else {}
+        return self.verify and test.get("verify", True) is not False, test.get("fault") is True
 
     def update_connector_output(self, connector_output) -> None:
         meta = connector_output.kv_connector_worker_meta
