@@ -58,19 +58,32 @@ def compile_module(name: str, *, cflags: tuple[str, ...] = CFLAGS, ldflags: tupl
                    build_directory: str | None = None):
     """Build (or find) csrc/ as the module `name` and import it. extension() is the engine's
     build; a test builds another with other flags (AddressSanitizer) into a folder of its own."""
-    from torch.utils.cpp_extension import load
+    import fcntl
+
+    from torch.utils.cpp_extension import _get_build_directory, load
 
     _put_ninja_on_path()
-    return load(name, [str(p) for p in SOURCES], extra_cflags=list(cflags), extra_ldflags=list(ldflags),
-                extra_include_paths=[str(CSRC)], build_directory=build_directory, verbose=False)
+    folder = Path(build_directory or _get_build_directory(name, verbose=False))
+    folder.mkdir(parents=True, exist_ok=True)
+    # torch's own build lock is a plain file: a builder killed mid-build leaves it behind, and
+    # every later process waits on it for ever (a vLLM start hung on one). Ours is an flock,
+    # which the kernel drops with its holder: whoever holds it is the only builder, so a torch
+    # lock file found then is stale and goes.
+    with open(folder.parent / f"{folder.name}.build-lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (folder / "lock").unlink(missing_ok=True)
+        return load(name, [str(p) for p in SOURCES], extra_cflags=list(cflags), extra_ldflags=list(ldflags),
+                    extra_include_paths=[str(CSRC)], build_directory=str(folder), verbose=False)
 
 
 def build_key() -> str:
     """12 hex digits naming the build directory: this CPU's model and feature flags, where the
-    sources are, what they say, and the flags. So a -march=native build is never handed to a
-    CPU that lacks its instructions (a cache shared over NFS), and two checkouts or versions
-    on one machine (a CI clone beside a working tree) each keep their own build instead of
-    rebuilding over each other's (torch's cache keys a build by name only)."""
+    sources are, what they say, the flags, and the interpreter and torch that build it. So a
+    -march=native build is never handed to a CPU that lacks its instructions (a cache shared
+    over NFS), and two checkouts, versions or virtual environments on one machine (a CI clone
+    beside a working tree; the engine's venv beside vLLM's, whose include paths differ) each
+    keep their own build instead of rebuilding over each other's in turn (torch's cache keys a
+    build by name only)."""
     try:
         cpu = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
@@ -84,6 +97,7 @@ def build_key() -> str:
         digest.update(str(path.resolve()).encode())
         digest.update(path.read_bytes())
     digest.update(" ".join(CFLAGS).encode())
+    digest.update(f"{sys.prefix} {torch.__version__}".encode())
     return digest.hexdigest()[:12]
 
 
