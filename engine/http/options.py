@@ -7,10 +7,10 @@ something that provides both.
 
 from __future__ import annotations
 
+from engine.http.template_worker import MAX_RENDER_CPU_S
 from engine.wire.sockets import is_loopback_host
 
 MAX_PORT = 65535
-MAX_RENDER_CPU_S = 2.0  # CPU per chat template render: real ones take milliseconds for 1,024 messages
 MAX_RENDER_CPU_FLAG_S = 3_600.0  # the largest --chat-render-cpu-s: an hour for one prompt is never a template
 
 

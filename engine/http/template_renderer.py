@@ -20,8 +20,7 @@ from pathlib import Path
 import msgpack
 
 from engine.http.openai_request import HttpError
-from engine.http.options import MAX_RENDER_CPU_S
-from engine.http.template_worker import FRAME, MAX_FRAME_BYTES, frame
+from engine.http.template_worker import FRAME, MAX_FRAME_BYTES, MAX_RENDER_CPU_S, frame
 
 RENDER_PROCESSES = 2  # renders at once: template work beside the engine's own on a small machine; more wait
 MAX_WAITING_RENDERS = 64  # chat requests waiting for a render process (each holds up to 4 MiB); past it: 503

@@ -23,6 +23,7 @@ import sys
 import msgpack
 
 FRAME = struct.Struct(">I")
+MAX_RENDER_CPU_S = 2.0  # CPU per render (serve --chat-render-cpu-s): real templates take milliseconds for 1,024 messages
 MAX_FRAME_BYTES = 64 << 20  # a request holds at most 4 MiB of content (32 MiB of JSON body) and a template
 MAX_RENDER_MEMORY = 512 << 20  # address space a render may add: 4 MiB of messages copied many times fits
 RENDER_RECURSION_LIMIT = 1_000  # Python frames: a macro calling itself stops here (RecursionError), not in a crash
