@@ -11,6 +11,8 @@ Which fields, decided once (a client must hear what it will not get, not get it 
   by default): n = 1, best_of = 1, echo = false, presence_penalty = 0,
   frequency_penalty = 0, logit_bias = {}; logprobs and suffix only as null. `n: true` or
   `echo: 0` is a 400: the type is part of the value;
+- vLLM's return_token_ids: read and ignored (bench/vs_vllm.py sends it to both servers); the
+  reply shows it, as no choice carries token_ids;
 - tools, tool_choice, functions, function_call, parallel_tool_calls: a 400 saying tools are
   not supported (null passes);
 - any other field: a 400 naming it (a misspelt `max_token` used to be ignored silently).
@@ -34,6 +36,7 @@ MAX_NAMED_FIELDS = 5  # unknown fields named in one error, at most (a body may h
 SERVED = ("model", "prompt", "max_tokens", "temperature", "top_p", "stream", "stream_options", "stop", "user", "seed",
           "ignore_eos")
 TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls")
+IGNORED = ("return_token_ids",)  # vLLM's: a reply without token_ids says it was not served
 
 
 def _is_int(value) -> bool:
@@ -116,7 +119,7 @@ def check_fields(body: dict, served, neutral: dict) -> None:
         if body.get(name) is not None:
             raise HttpError(400, f"'{name}' is not supported: this engine does not call tools or functions; "
                                  "leave it out", param=name, code="unsupported_parameter")
-    unknown = [k for k in body if k not in served and k not in neutral and k not in TOOL_FIELDS]
+    unknown = [k for k in body if k not in served and k not in neutral and k not in TOOL_FIELDS and k not in IGNORED]
     if unknown:
         named = ", ".join(repr(k[:40]) for k in unknown[:MAX_NAMED_FIELDS])
         more = f" and {len(unknown) - MAX_NAMED_FIELDS:,} more" if len(unknown) > MAX_NAMED_FIELDS else ""

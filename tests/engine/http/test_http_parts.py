@@ -139,8 +139,56 @@ def test_unknown_fields_are_named_and_neutral_ones_need_their_type():
         parse_completion({"prompt": "hi", **{f"a{i}": i for i in range(10)}})
     assert err.value.param == "a0" and err.value.code == "unknown_parameter"
     req = parse_completion({"prompt": "hi", "n": 1, "best_of": 1, "echo": False, "presence_penalty": 0.0,
-                            "frequency_penalty": 0, "logit_bias": {}, "suffix": None, "tools": None})
+                            "frequency_penalty": 0, "logit_bias": {}, "suffix": None, "tools": None,
+                            "return_token_ids": True})  # vLLM's, as bench/vs_vllm.py sends it
     assert req.prompt == "hi"
     for body in ({"n": 1.0}, {"echo": 0}, {"logit_bias": {"50256": -100}}, {"presence_penalty": False}):
         with pytest.raises(HttpError, match="not supported by this engine"):
             parse_completion({"prompt": "hi", **body})
+
+
+def test_one_source_cannot_take_every_connection_another_source_still_gets_in():
+    """256 idle sockets from one address locked every other user out (503) for as long as they
+    stayed; now one address holds at most max_per_source. Two loopback sources: 127.0.0.1 and
+    127.0.0.2 (the whole 127/8 is loopback on Linux)."""
+    import socket
+    import time
+
+    from engine.http.frontend import HttpFrontend
+
+    frontend = HttpFrontend("tcp://127.0.0.1:9", host="0.0.0.0", max_connections=6, max_per_source=3)
+    url = frontend.start()
+    port = int(url.rsplit(":", 1)[-1])
+    held = []
+    try:
+        for _ in range(3):  # the greedy source takes its share
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=30, source_address=("127.0.0.1", 0)))
+        for _ in range(500):
+            if len(frontend.capped.server.connections) == 3:
+                break
+            time.sleep(0.02)
+        extra = socket.create_connection(("127.0.0.1", port), timeout=30, source_address=("127.0.0.1", 0))
+        answer = extra.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503") and b"from 127.0.0.1 (3, the most one address may hold)" in answer
+        assert extra.recv(1) == b""
+        extra.close()
+        assert frontend.capped.refused_per_source == 1 and frontend.capped.refused == 0
+        # another source is served: its request reaches aiohttp (a 404 for an unknown path)
+        other = socket.create_connection(("127.0.0.1", port), timeout=30, source_address=("127.0.0.2", 0))
+        other.sendall(b"GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert other.recv(4096).startswith(b"HTTP/1.1 404")
+        other.close()
+        # a closed connection gives its source's place back
+        held.pop().close()
+        for _ in range(500):
+            if frontend.capped.open_by_source.get("127.0.0.1", 0) < 3:
+                break
+            time.sleep(0.02)
+        again = socket.create_connection(("127.0.0.1", port), timeout=30, source_address=("127.0.0.1", 0))
+        again.sendall(b"GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert again.recv(4096).startswith(b"HTTP/1.1 404")
+        again.close()
+    finally:
+        for s in held:
+            s.close()
+        frontend.stop()
