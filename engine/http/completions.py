@@ -124,7 +124,9 @@ class CompletionsApp:
                             param="model", code="model_not_found")
         created = int(time.time())
         rid = f"http-{uuid.uuid4().hex[:16]}"  # ours, so a hang-up can cancel it even before `accepted`
-        fields = {**req.submit_fields(), "request_id": rid}
+        # the peer's address names this HTTP client to the engine's fair queue: HTTP clients take
+        # turns among themselves within the front's own turn
+        fields = {**req.submit_fields(), "request_id": rid, "client": str(request.remote or "")[:128]}
         async with contextlib.aclosing(self.link.stream(fields, self.idle_timeout_s)) as events:
             try:
                 first = await anext(events)

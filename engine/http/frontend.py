@@ -4,7 +4,9 @@ supervisor's loop never waits on an HTTP client (and the other way round)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+from collections import Counter
 
 from aiohttp import web
 
@@ -15,12 +17,16 @@ from engine.http.template_renderer import MAX_RENDER_CPU_S
 
 START_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 256  # open HTTP connections at once; past it: 503 and closed
+# open connections from one peer address: one source that opens idle sockets cannot lock every
+# other user out (it could take all 256 before); behind a proxy every client is the proxy's address
+MAX_CONNECTIONS_PER_SOURCE = 128
 
 
 class HttpFrontend:
     def __init__(self, control_endpoint: str, host: str = "127.0.0.1", port: int = 0, *,
                  curve: tuple[bytes, bytes, bytes] | None = None, header_timeout_s: float = HEADER_TIMEOUT_S,
-                 max_connections: int = MAX_CONNECTIONS, only_metrics: bool = False,
+                 max_connections: int = MAX_CONNECTIONS, max_per_source: int = MAX_CONNECTIONS_PER_SOURCE,
+                 only_metrics: bool = False,
                  render_cpu_s: float = MAX_RENDER_CPU_S):
         """only_metrics: serve GET /metrics alone (serve --metrics-port). render_cpu_s: CPU
         seconds one chat template render may use (serve --chat-render-cpu-s)."""
@@ -28,6 +34,7 @@ class HttpFrontend:
         self.render_cpu_s = render_cpu_s
         self.only_metrics = only_metrics
         self.header_timeout_s, self.max_connections = header_timeout_s, max_connections
+        self.max_per_source = max_per_source
         self.capped: CappedConnections | None = None
         self.url: str | None = None
         self._thread: threading.Thread | None = None
@@ -73,7 +80,7 @@ class HttpFrontend:
         await runner.setup()
         server = None
         try:
-            self.capped = CappedConnections(runner.server, self.max_connections)
+            self.capped = CappedConnections(runner.server, self.max_connections, self.max_per_source)
             server = await self._loop.create_server(self.capped, self.host, self.port)
             host, port = server.sockets[0].getsockname()[:2]
             self.port = port
@@ -87,28 +94,77 @@ class HttpFrontend:
             await link.close()
 
 
-class _Refuse(asyncio.Protocol):
-    """A connection past the cap: a 503 and closed, before any of its bytes are read."""
-
-    def connection_made(self, transport) -> None:
-        transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                        b"Connection: close\r\nContent-Length: " + str(len(_BUSY)).encode() + b"\r\n\r\n" + _BUSY)
-        transport.close()
+def _refuse(transport, body: bytes) -> None:
+    """A connection past a cap: a 503 and closed, before any of its bytes are read."""
+    transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                    b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    transport.close()
 
 
-_BUSY = (b'{"error": {"message": "too many open connections to this server; try again later", '
-         b'"type": "server_error", "code": "too_many_connections"}}')
+def _busy(message: str) -> bytes:
+    return json.dumps({"error": {"message": message, "type": "server_error",
+                                 "code": "too_many_connections"}}).encode()
 
 
 class CappedConnections:
-    """aiohttp's protocol factory with a cap on open connections (each costs a handler, its
-    buffers and a timer): past it a new connection is answered 503 and closed, and counted."""
+    """aiohttp's protocol factory with caps on open connections (each costs a handler, its
+    buffers and a timer), in total and per peer address: past either, a new connection is
+    answered 503 and closed, and counted. The peer is known only once the connection is made,
+    so each connection gets a gate that decides then and hands everything after to aiohttp's
+    own handler."""
 
-    def __init__(self, server: web.Server, limit: int):
-        self.server, self.limit, self.refused = server, limit, 0
+    def __init__(self, server: web.Server, limit: int, per_source: int = MAX_CONNECTIONS_PER_SOURCE):
+        self.server, self.limit, self.per_source = server, limit, per_source
+        self.refused = 0  # past the total
+        self.refused_per_source = 0
+        self.open_by_source: Counter[str] = Counter()
 
     def __call__(self) -> asyncio.Protocol:
-        if len(self.server.connections) >= self.limit:
-            self.refused += 1
-            return _Refuse()
-        return self.server()
+        return _Gate(self)
+
+
+class _Gate(asyncio.Protocol):
+    def __init__(self, owner: CappedConnections):
+        self.owner, self.inner, self.source = owner, None, None
+
+    def connection_made(self, transport) -> None:
+        owner = self.owner
+        peer = transport.get_extra_info("peername")
+        source = str(peer[0]) if isinstance(peer, (tuple, list)) and peer else "?"
+        if len(owner.server.connections) >= owner.limit:
+            owner.refused += 1
+            return _refuse(transport, _busy(f"too many open connections to this server ({owner.limit:,}, the "
+                                            "most it holds); try again later"))
+        if owner.open_by_source[source] >= owner.per_source:
+            owner.refused_per_source += 1
+            return _refuse(transport, _busy(f"too many open connections from {source} ({owner.per_source:,}, "
+                                            "the most one address may hold); close some and try again"))
+        owner.open_by_source[source] += 1
+        self.source, self.inner = source, owner.server()
+        self.inner.connection_made(transport)
+
+    def connection_lost(self, exc) -> None:
+        if self.inner is None:
+            return
+        try:
+            self.inner.connection_lost(exc)
+        finally:
+            counts = self.owner.open_by_source
+            counts[self.source] -= 1
+            if counts[self.source] <= 0:
+                del counts[self.source]
+
+    def data_received(self, data) -> None:
+        if self.inner is not None:
+            self.inner.data_received(data)
+
+    def eof_received(self):
+        return self.inner.eof_received() if self.inner is not None else None
+
+    def pause_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.resume_writing()

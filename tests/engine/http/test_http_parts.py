@@ -156,7 +156,7 @@ def test_one_source_cannot_take_every_connection_another_source_still_gets_in():
 
     from engine.http.frontend import HttpFrontend
 
-    frontend = HttpFrontend("tcp://127.0.0.1:9", host="0.0.0.0", max_connections=6, max_per_source=3)
+    frontend = HttpFrontend("tcp://127.0.0.1:9", max_connections=6, max_per_source=3)
     url = frontend.start()
     port = int(url.rsplit(":", 1)[-1])
     held = []
