@@ -36,8 +36,8 @@ def test_a_client_with_many_queued_requests_does_not_hold_back_anothers_next_one
         sent = _time_of(greedy.audit(rid), "reserve_sent")
         if sent is not None and arrived < sent < reserved:
             between.append(rid)
-    for rid in ids:  # what is left of the first client's work is not this test's
-        greedy.call("cancel", request_id=rid, timeout_s=60)
+    # (what is left of the first client's work ends with the server: a cancel here raced the
+    # requests that finished meanwhile, "not running")
     # first come, first served: every one of the greedy client's requests still queued when the
     # other arrived (about QUEUED - 2 x max_batch) went first
     assert len(between) <= 1, f"{len(between)} of the other client's requests were reserved first"
