@@ -152,3 +152,24 @@ def test_a_prefill_worker_whose_forward_pass_raises_for_one_prompt_ships_the_oth
     assert worker.engine.pool.free_pages == free
     worker.work()  # the worker goes on
 
+
+
+def test_a_prefill_worker_keeps_no_generator_after_a_sampled_request(prefill_rig):
+    """Each sampled request left its torch.Generator in the prefill worker for ever: a 30-minute
+    soak grew the worker ~1.5 KB a request without levelling off."""
+    bus, kv, kv_endpoint, worker = prefill_rig
+    for i in range(3):
+        prompt = [256, *range(40, 50)]
+        reservation = {"request_id": f"s{i}", "slot": i + 1, "epoch": i + 1, "tokens": len(prompt),
+                       "pages": [10 * (i + 1)], "page_epochs": [1]}
+        worker.handle(Message({"op": "prefill", "request_id": f"s{i}", "slot": i + 1, "prompt_ids": prompt,
+                               "params": {"max_new_tokens": 4, "temperature": 0.8},
+                               "target": {"endpoint": kv_endpoint, "reservation": reservation}}))
+    worker.work()
+    said = set()
+    while len(said) < 3 and bus.poll(2000):
+        msg = unpack(bus.recv_multipart()[1:])
+        if msg.op == "prefilled":
+            said.add(msg.get("request_id"))
+    assert said == {"s0", "s1", "s2"}
+    assert worker.generators == {}
