@@ -10,7 +10,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fuzz.parsers import TARGETS
-from tests.fuzz.template_parsers import FRAGMENTS
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
@@ -110,11 +109,3 @@ def test_regressions_found_by_bench_fuzz():
         decode_frames([b"kv-events", (0).to_bytes(8, "big"), payload])
     toml_config(b"a = " + b"[" * 100_000)  # ConfigError inside: returns
     toml_config(b"a = " + b"9" * 5000)
-
-
-@FUZZ
-@given(pieces=st.lists(st.sampled_from(FRAGMENTS),
-                       max_size=40))
-def test_random_chat_templates(pieces):
-    """Templates made of the pieces real and hostile templates are made of."""
-    TARGETS["chat-template"]("".join(pieces).encode())
