@@ -21,7 +21,9 @@ its executions and whether it found a crash (the input is saved under --out).
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
+import json
 import random
 import sys
 import time
@@ -37,6 +39,9 @@ from engine.config import DEFAULT_CONFIG_PATH, DEFAULT_MODEL_DIR  # noqa: E402
 from engine.wire.protocol import pack  # noqa: E402
 from tests.fuzz.kv_event_parsers import corpus as kv_corpus  # noqa: E402
 from tests.fuzz.parsers import TARGETS  # noqa: E402
+from tests.fuzz.template_parsers import close as close_render_processes  # noqa: E402
+
+atexit.register(close_render_processes)
 
 
 def corpus() -> dict[str, list[bytes]]:
@@ -50,7 +55,19 @@ def corpus() -> dict[str, list[bytes]]:
     return {"control": [submit], "control-msgpack": [submit], "kv-events": [kv], "http-body": [body],
             "toml-config": [DEFAULT_CONFIG_PATH.read_bytes()], "config-json": [config_json],
             "snapshot": [b'"a": 1', b'{"requests": [{"request_id": "r1", "phase": "queued"}], "alerts": []}'],
-            **bundle_corpus(), **kv_corpus()}
+            **bundle_corpus(), **kv_corpus(), "chat-template": template_corpus()}
+
+
+def template_corpus() -> list[bytes]:
+    """The default model's own chat template (where it has one) and two of the usual shapes."""
+    config = json.loads((DEFAULT_MODEL_DIR / "tokenizer_config.json").read_text()) \
+        if (DEFAULT_MODEL_DIR / "tokenizer_config.json").is_file() else {}
+    own = config.get("chat_template") if isinstance(config.get("chat_template"), str) else None
+    usual = ["{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+             "{% if add_generation_prompt %}<|assistant|>{% endif %}",
+             "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}[INST] {{ m.content }} [/INST]"
+             "{% else %}{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}"]
+    return [t.encode() for t in ([own] if own else []) + usual]
 
 
 def bundle_corpus() -> dict[str, list[bytes]]:

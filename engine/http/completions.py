@@ -79,7 +79,7 @@ class CompletionsApp:
         return app
 
     async def _close(self, app: web.Application) -> None:
-        self.renderer.close()
+        await self.renderer.close()
 
     # ---- /v1/models -------------------------------------------------------------------
     async def model_info(self) -> dict:

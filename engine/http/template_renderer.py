@@ -147,6 +147,14 @@ class TemplateRenderer:
         """The render processes running now."""
         return [pid for pid in (slot.pid for slot in self.slots) if pid is not None]
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """Kill the render processes and wait until they are reaped (bounded), so that none
+        outlives the loop that started it."""
+        procs = [slot.proc for slot in self.slots if slot.proc is not None]
         for slot in self.slots:
             slot.kill()
+        for proc in procs:
+            try:
+                await asyncio.wait_for(proc.wait(), 5.0)
+            except TimeoutError:
+                pass

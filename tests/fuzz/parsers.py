@@ -19,6 +19,7 @@ from engine.http.openai_request import HttpError, parse_completion
 from engine.model.config import model_config_from_dict
 from engine.wire.protocol import ProtocolError, field_of, message_id, unpack
 from tests.fuzz.kv_event_parsers import KV_TARGETS  # the replay decoder and the block state
+from tests.fuzz.template_parsers import TEMPLATE_TARGETS  # the chat-template sandbox, in its render process
 
 
 def control_message(data: bytes) -> None:
@@ -206,4 +207,5 @@ _SEED_MEMBERS = None
 TARGETS = {"control": control_message, "control-msgpack": msgpack_control_message, "kv-events": kv_events,
            "http-body": http_body, "toml-config": toml_config, "config-json": config_json,
            "snapshot": snapshot_bundle, "snapshot-zip": snapshot_zip, "snapshot-jsonl": snapshot_jsonl,
-           "snapshot-npz": snapshot_npz, "snapshot-npy": snapshot_npy, **KV_TARGETS}
+           "snapshot-npz": snapshot_npz, "snapshot-npy": snapshot_npy, **KV_TARGETS,
+           **TEMPLATE_TARGETS}

@@ -9,9 +9,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.fuzz import template_parsers
 from tests.fuzz.parsers import TARGETS
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _render_processes():
+    yield
+    template_parsers.close()  # the chat-template target's render processes end with this module
+
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
                            lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=12), inner,
@@ -109,3 +118,11 @@ def test_regressions_found_by_bench_fuzz():
         decode_frames([b"kv-events", (0).to_bytes(8, "big"), payload])
     toml_config(b"a = " + b"[" * 100_000)  # ConfigError inside: returns
     toml_config(b"a = " + b"9" * 5000)
+
+
+@FUZZ
+@given(pieces=st.lists(st.sampled_from(template_parsers.FRAGMENTS), max_size=40))
+def test_random_chat_templates(pieces):
+    """Templates made of the pieces real and hostile templates are made of, rendered in the
+    render process as serving renders them."""
+    TARGETS["chat-template"]("".join(pieces).encode())
