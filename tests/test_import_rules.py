@@ -33,8 +33,8 @@ def _fake_tree(root: Path, files: dict[str, str]) -> None:
     """The project's package layout (empty modules), plus `files`."""
     packages = ["engine", "engine/wire", "engine/client", "engine/adapters", "engine/commands", "engine/server",
                 "engine/workers", "engine/kv", "engine/model", "engine/guard", "engine/http", "engine/evidence",
-                "gui", "kernels"]
-    modules = ["engine/core.py", "engine/model_runner.py", "engine/attention.py", "engine/scheduler.py",
+                "gui", "gui/model", "gui/snapshot", "gui/widgets", "kernels"]
+    modules = ["gui/main_window.py", "gui/app.py", "engine/core.py", "engine/model_runner.py", "engine/attention.py", "engine/scheduler.py",
                "engine/sampling.py"]
     for package in packages:
         (root / package).mkdir(parents=True, exist_ok=True)
@@ -57,6 +57,9 @@ def test_the_contracts_catch_planted_violations(tmp_path):
         "the wire imports the client": {"engine/wire/protocol.py": "import engine.client.x\n",
                                         "engine/client/x.py": ""},
         "the engine imports Qt": {"engine/kv/pool.py": "import PySide6\n"},
+        "the GUI's model imports Qt": {"gui/model/colors.py": "import pyqtgraph\n"},
+        "the snapshot code imports a widget": {"gui/snapshot/report_x.py": "import gui.widgets.table\n",
+                                               "gui/widgets/table.py": ""},
         "a cycle": {"engine/server/a.py": "import engine.server.b\n", "engine/server/b.py": "import engine.server.a\n"},
     }
     for what, files in plants.items():

@@ -16,8 +16,9 @@ from engine.request import SamplingParams
 from engine.server.alert_forward import shown_changes, shown_config
 from engine.server.prompt_text import TokenizeJob, check_prompt_bytes
 from engine.server.reconfigure import reconfigure
-from engine.server.request_record import Phase, RequestRecord
-from engine.server.worker_handle import WorkerState
+from engine.server.request_record import RequestRecord
+from engine.wire.states import Phase
+from engine.wire.states import WorkerState
 from engine.wire.protocol import (
     CANARY_PREFIX,
     CANARY_TENANT,

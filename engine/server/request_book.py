@@ -20,7 +20,8 @@ from collections import Counter, deque
 
 from engine.errors import BudgetExceeded
 from engine.server.fair_queue import FairQueue
-from engine.server.request_record import DONE, Phase, RequestRecord
+from engine.server.request_record import DONE, RequestRecord
+from engine.wire.states import Phase
 
 EDGES = {
     Phase.QUEUED: {Phase.RESERVING},

@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import time
 from dataclasses import dataclass, field
 
 from engine.model.text_stream import TextStream
+from engine.wire.states import END_PHASES, Phase
 
 
-class Phase(str, enum.Enum):
-    QUEUED = "queued"  # admitted, waiting for a decode worker with room
-    RESERVING = "reserving"  # the decode worker is reserving its pages
-    AWAITING_PREFILL = "awaiting_prefill"  # reserved, waiting for a prefill worker
-    PREFILLING = "prefilling"  # prefill job sent; the transfer goes straight to decode
-    DECODING = "decoding"  # transfer verified; tokens flow
-    FINISHED = "finished"
-    FAILED = "failed"
-    REJECTED = "rejected"
-    CANCELLED = "cancelled"
-
-
-DONE = (Phase.FINISHED, Phase.FAILED, Phase.REJECTED, Phase.CANCELLED)
+DONE = END_PHASES
 
 
 @dataclass

@@ -34,9 +34,11 @@ from engine.server.evidence_feed import EvidenceFeed, journal_path
 from engine.server.metrics import MetricsWindow
 from engine.server.prompt_text import PromptTokenizer
 from engine.server.request_book import RequestBook
-from engine.server.request_record import Phase, RequestRecord
+from engine.server.request_record import RequestRecord
+from engine.wire.states import Phase
 from engine.server.telemetry import TelemetryPublisher
-from engine.server.worker_handle import WorkerHandle, WorkerState
+from engine.server.worker_handle import WorkerHandle
+from engine.wire.states import WorkerState
 from engine.server.worker_pool import WorkerPool
 from engine.wire.protocol import CANARY_TENANT, ProtocolError, error_reply, message_id, pack, unpack
 from engine.wire.roles import DEFAULT_LOCAL_ROLE, check_role

@@ -15,6 +15,7 @@ import zmq
 
 from engine.wire.protocol import pack
 from engine.wire.sockets import drain
+from engine.wire.states import PAGES_PREFIX, pages_topic
 
 RECENT_MESSAGES = 50_000
 # Distinct topics subscribed at once. libzmq keeps every subscription in a trie (~24 bytes
@@ -74,7 +75,7 @@ class TelemetryPublisher:
     def relay_pages(self, header: dict, arrays: dict) -> None:
         """Forward a worker's `pages` message as topic pages/<pool>, keeping the worker's
         per-pool sequence number; the arrays are views of the received frames (no copy)."""
-        topic = f"pages/{header['pool']}"
+        topic = pages_topic(header["pool"])
         out = {k: v for k, v in header.items() if k not in ("op", "v")}
         out["topic"] = topic
         if self.wants_pages():  # only then do workers send page telemetry at all
@@ -152,4 +153,5 @@ class TelemetryPublisher:
                 "publisher_resets": self.resets, "bad_subscriptions": self.bad_subscriptions}
 
     def wants_pages(self) -> bool:
-        return any(b"pages/".startswith(s) or s.startswith(b"pages") for s in self.subscriptions)
+        prefix = PAGES_PREFIX.encode()
+        return any(prefix.startswith(s) or s.startswith(prefix.rstrip(b"/")) for s in self.subscriptions)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 
 from engine.server.reconfigure import worker_ready
-from engine.server.request_record import Phase
-from engine.server.worker_handle import WorkerHandle, WorkerState
+from engine.wire.states import Phase
+from engine.server.worker_handle import WorkerHandle
+from engine.wire.states import WorkerState
 from engine.wire.protocol import Message, ProtocolError, field_of
 
 

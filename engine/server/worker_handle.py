@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import secrets
@@ -15,15 +14,7 @@ from pathlib import Path
 
 from engine.config import REPO_ROOT
 from engine.wire.protocol import TOKEN_ENV
-
-
-class WorkerState(str, enum.Enum):
-    STARTING = "starting"  # process spawned, no hello yet
-    READY = "ready"
-    DRAINING = "draining"  # takes no new requests; restarts when its last one is done
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    CRASHED = "crashed"
+from engine.wire.states import WorkerState
 
 
 @dataclass

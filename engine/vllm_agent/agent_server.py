@@ -34,6 +34,7 @@ from engine.vllm_agent.page_book import POOL, PageBook
 from engine.vllm_agent.snapshot import PoolSnapshot
 from engine.wire.protocol import ProtocolError, error_reply, message_id, reply, unpack
 from engine.wire.sockets import bind_endpoint, drain, harden
+from engine.wire.states import Topic, pages_topic
 
 KEYFRAME_PERIOD_S = 5.0
 METRICS_PERIOD_S = 1.0
@@ -169,12 +170,12 @@ class AgentServer:
                   "page_size": self.book.block_size}
         if self._keyframe_asked or now - self._last_keyframe >= KEYFRAME_PERIOD_S:
             self._keyframe_asked, self._last_keyframe, self._pending = False, now, []
-            self.telemetry.publish(f"pages/{POOL}", {**header, "kind": "keyframe"}, self.book.keyframe_arrays())
-            self.telemetry.publish("capacity", {"findings": [self.capacity]})
+            self.telemetry.publish(pages_topic(POOL), {**header, "kind": "keyframe"}, self.book.keyframe_arrays())
+            self.telemetry.publish(Topic.CAPACITY, {"findings": [self.capacity]})
         elif self._pending:
             index = np.unique(np.concatenate(self._pending)).astype(np.int32)
             self._pending = []
-            self.telemetry.publish(f"pages/{POOL}", {**header, "kind": "delta"}, self.book.delta_arrays(index))
+            self.telemetry.publish(pages_topic(POOL), {**header, "kind": "delta"}, self.book.delta_arrays(index))
 
     def _publish_metrics(self) -> None:
         """The `metrics` topic our engine sends, from what the snapshots show: output tokens

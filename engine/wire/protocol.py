@@ -30,8 +30,7 @@ MAX_ARRAYS = 64
 DTYPES = {"u1": np.uint8, "i4": np.int32, "i8": np.int64, "f4": np.float32, "f8": np.float64}
 _DTYPE_NAMES = {np.dtype(v).newbyteorder("<"): k for k, v in DTYPES.items()}
 
-# Telemetry topics (DESIGN.md). Page topics are "pages/<pool name>".
-TOPICS = ("pages", "requests", "metrics", "alerts", "workers", "capacity")
+# Telemetry topics: engine/wire/states.py (Topic, pages_topic).
 
 # The environment variable that hands a worker its bus token (never on a command line).
 TOKEN_ENV = "PAGEWARDEN_WORKER_TOKEN"

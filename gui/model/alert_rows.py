@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from engine.wire.states import AlertState
 
 MARKER_KIND = "engine_restarted"
 
@@ -25,7 +26,7 @@ class AlertRow:
     id: str  # the row's key: the engine's `key`, else its `id`
     kind: str
     severity: str
-    state: str  # "pending" | "firing" | "resolved"
+    state: str  # an AlertState
     acked: bool
     first_seen: float
     last_seen: float
@@ -61,7 +62,7 @@ class AlertRow:
     @property
     def live_firing(self) -> bool:
         """Firing on the engine answering now."""
-        return self.state == "firing" and not self.gone and not self.marker
+        return self.state == AlertState.FIRING and not self.gone and not self.marker
 
     @property
     def requests_left_out(self) -> int:
@@ -93,7 +94,7 @@ def alert_row(msg) -> AlertRow:
     episode = msg.get("episode")
     t = _number(msg.get("time"), 0.0)
     return AlertRow(
-        key, str(msg.get("kind", "")), str(msg.get("severity", "warning")), str(msg.get("state", "firing")),
+        key, str(msg.get("kind", "")), str(msg.get("severity", "warning")), str(msg.get("state", AlertState.FIRING)),
         bool(msg.get("acked", False)), _number(msg.get("first_seen"), t), _number(msg.get("last_seen"), t),
         int(msg.get("count", 1)), [str(r) for r in msg.get("requests") or []],
         [int(p) for p in msg.get("pages") or []], str(msg.get("detail", "")), msg.get("pool"),

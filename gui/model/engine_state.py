@@ -17,6 +17,7 @@ import numpy as np
 from engine.client import PageMirror
 from engine.wire.page_tags import PageState
 from engine.wire.protocol import Message
+from engine.wire.states import END_PHASES, PAGES_PREFIX, WORKER_UP, AlertState, Phase
 from gui.model.alert_rows import AlertRow, RestartMark, alert_row, restart_marker
 from gui.model.crossings import Crossing, CrossingWatch
 from gui.model.events import Events
@@ -27,7 +28,6 @@ from gui.model.selection import Selection
 MAX_REQUESTS = 5_000  # rows kept in the requests table (oldest finished ones go first)
 MAX_ALERTS = 2_000
 MAX_TIMELINE = 32  # phase changes kept per request
-RUNNING_STATES = ("ready", "starting", "draining")  # a worker's states with its process up
 STALE_AFTER_S = 3.0  # no telemetry for this long: show everything as stale, not healthy
 METRIC_WINDOW_S = 600.0  # the plots show the last ten minutes
 METRIC_SERIES = ("tokens_per_s", "ttft_ms_p50", "tpot_ms_p50", "queue_depth", "running")
@@ -77,7 +77,7 @@ class WorkerRow:
     @property
     def running(self) -> bool:
         """Its process is up (its pool's pages are live)."""
-        return self.state in RUNNING_STATES
+        return self.state in WORKER_UP
 
 
 @dataclass
@@ -99,7 +99,7 @@ class RequestRow:
 
     @property
     def done(self) -> bool:
-        return self.phase in ("finished", "failed", "rejected", "cancelled")
+        return self.phase in END_PHASES
 
     def note_phase(self, phase: str, at: float) -> None:
         """The phase as seen at engine time `at`: a new entry when it changed (bounded)."""
@@ -173,7 +173,7 @@ class EngineState:
         self.last_message_at = now
         self.messages += 1
         topic = msg.topic or ""
-        if topic.startswith("pages/"):
+        if topic.startswith(PAGES_PREFIX):
             changed = {"pages"} if self.pages.apply(msg) else set()
         else:
             handler = getattr(self, f"_on_{topic}", None)
@@ -307,9 +307,9 @@ class EngineState:
         at = _number(msg.get("time"), time.time())
         if row.arrival is None:
             row.arrival = _number(msg.get("arrival"), at)
-            if row.phase != "queued":  # joined late: say when it arrived, not what it did before
+            if row.phase != Phase.QUEUED:  # joined late: say when it arrived, not what it did before
                 row.note_phase("arrived", row.arrival)
-        row.note_phase(row.phase, row.arrival if not row.timeline and row.phase == "queued" else at)
+        row.note_phase(row.phase, row.arrival if not row.timeline and row.phase == Phase.QUEUED else at)
         if ttft is not None and row.first_token_at is None:
             row.first_token_at = row.arrival + float(ttft)
         self.request_of_slot[row.slot] = rid
@@ -327,7 +327,7 @@ class EngineState:
             self.alerts.pop(f"previous:{row.id}", None)
         self.alerts[row.id] = row
         self.alerts.move_to_end(row.id)
-        if row.live_firing and (previous is None or previous.state != "firing"):
+        if row.live_firing and (previous is None or previous.state != AlertState.FIRING):
             self.new_alerts.append(row)
         while len(self.alerts) > MAX_ALERTS:
             self.alerts.popitem(last=False)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from engine.wire.alert_kinds import alert_kind
+from engine.wire.states import AlertState
 from gui.model.engine_state import AlertRow
 
 MAX_ROUNDS = 50  # as `main.py probe`
@@ -125,7 +126,7 @@ class ProbeSchedule:
 
     def _alert(self, key: str, kind: str, severity: str, detail: str, when: float) -> AlertRow:
         alert_kind(kind)  # declared in engine/wire/alert_kinds.py, as the engine's are
-        row = AlertRow(f"{ALERT_PREFIX}{int(self.started_at * 1000)}:{key}", kind, severity, "firing", False,
+        row = AlertRow(f"{ALERT_PREFIX}{int(self.started_at * 1000)}:{key}", kind, severity, AlertState.FIRING, False,
                        when, when, 1, [], [], detail)
         self.alerts.append(row)
         return row

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from engine.wire.protocol import Message
+from engine.wire.states import pages_topic
 from gui.model.engine_state import EngineState
 
 
@@ -38,7 +39,7 @@ def state_from_snapshot(opened) -> tuple[EngineState, list[str]]:
     for name, arrays in opened.pages.items():
         pool = pools.get(name, {})
         try:
-            header = {"topic": f"pages/{name}", "pool": name, "kind": "keyframe", "seq": 0,
+            header = {"topic": pages_topic(name), "pool": name, "kind": "keyframe", "seq": 0,
                       "num_pages": len(arrays["owner"]), "role": str(pool.get("role", "")),
                       "page_size": int(pool.get("page_size") or 0)}
             state.pages.apply(Message(header, dict(arrays)))

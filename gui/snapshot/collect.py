@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from engine.client import __version__
+from engine.wire.states import WorkerState
 from gui.snapshot import first_crossing
 from gui.snapshot.report import PRIVACY
 
@@ -66,7 +67,7 @@ def collect(client, *, since: float | None = None, endpoint: str = "", progress=
     for i, worker in enumerate(workers):
         pool = worker.get("pool") or {}
         name = pool.get("name")
-        if worker.get("state") != "ready" or not name or name in pages:
+        if worker.get("state") != WorkerState.READY or not name or name in pages:
             continue
         step(0.7 + 0.3 * i / len(workers), f"pages of {name}")
         pages[name] = client.page_metadata(name)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from engine.wire.alert_kinds import ISOLATION_KINDS
 from engine.wire.defences import DEFENCES, FAULTS, Switch
+from engine.wire.states import END_PHASES, STOPPED_PHASES, Phase
 from gui.model.scope_summary import TenantPair, pages_by_pool, tenant_pairs, with_tenants
 
 # An alert record keeps the newest 50 requests and pages it named (the engine's AlertBook);
@@ -22,10 +23,6 @@ PREVENTED_BY_KIND = ("late_write_dropped",)
 # response. The others (a transfer accepted despite its manifest, a late write landed) put data
 # where it does not belong, and a later defence may still stop every request they name.
 READ_KINDS = ("ownership_violation", "canary_leak", "canary_marker_in_output", "block_table_mismatch")
-STOPPED_PHASES = ("failed", "cancelled", "rejected")
-PHASES = ("queued", "reserving", "awaiting_prefill", "prefilling", "decoding", "finished", "failed", "rejected",
-          "cancelled")
-END_PHASES = ("finished", "failed", "rejected", "cancelled")
 
 
 def is_number(value) -> bool:
@@ -36,10 +33,10 @@ def is_number(value) -> bool:
 
 
 def phase(request: dict) -> str:
-    """A request's phase; where the record has none of PHASES (a request the engine no longer
+    """A request's phase; where the record has no Phase (a request the engine no longer
     tracks, known by its events only), its last ending event, else what it says."""
     value = str(request.get("phase"))
-    if value in PHASES:
+    if value in tuple(Phase):
         return value
     ends = [e.get("event") for e in request.get("events") or [] if e.get("event") in END_PHASES]
     return ends[-1] if ends else value

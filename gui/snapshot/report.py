@@ -14,6 +14,7 @@ import base64
 import json
 from collections import Counter
 
+from engine.wire.states import FAILED_PHASES, AlertState, Phase
 from gui.snapshot import first_crossing, report_incident
 from gui.snapshot.incident_facts import (
     NOT_PREVENTED,
@@ -31,7 +32,6 @@ from gui.snapshot.trace import request_spans
 PRIVACY = ("No prompt or output text is ever written, except canary markers (which are random and exist "
            "to be found). Prompts appear as length and a hash.")
 MAX_LANES = 40  # requests drawn in the timeline chart
-FAILED_PHASES = ("failed", "rejected")
 TIMELINE_REQUEST_EVENTS = ("failed", "rejected", "placeholder")
 PROMPT_LOG_CAP = 10_000  # entries the engine's prompt_log op sends at most
 SPAN_COLOURS = {"queue": "#9aa3ad", "prefill": "#3d7bd9", "transfer": "#c26a00", "decode": "#23803f"}
@@ -81,7 +81,7 @@ def _summary(state: dict) -> str:
     scope = state.get("scope") or {}
     alerts = state.get("alerts") or []
     ids = {a.get("id") for a in alerts}
-    firing = sum(a.get("state") == "firing" for a in alerts)
+    firing = sum(a.get("state") == AlertState.FIRING for a in alerts)
     placeholders, refused = placeholder_requests(state), rejected_requests(state)
     facts = (f"{len(scope.get('pairs') or [])} affected pair(s), {scope.get('reads', 0):,} cross-request read(s) "
              f"in total; {len(alerts)} alert episode(s) of {len(ids)} alert(s), {firing} firing; "
@@ -179,7 +179,7 @@ def _lanes(state: dict) -> str:
     lanes = []
     for r in sorted(requests, key=lambda r: r.get("arrival") or 0):
         bars, spans = [], request_spans(r)
-        if phase(r) == "decoding" and spans and spans[-1][0] == "transfer":
+        if phase(r) == Phase.DECODING and spans and spans[-1][0] == "transfer":
             spans.append(("decode", spans[-1][1], spans[-1][3], until))  # still decoding at the end
         for name, worker, start, end in spans:
             left = min(max(0.0, (start - since) / span), 1.0)

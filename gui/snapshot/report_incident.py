@@ -8,6 +8,7 @@ Every list that is cut says how many it left out. Pure Python (no Qt).
 from __future__ import annotations
 
 from engine.wire.defences import Switch
+from engine.wire.states import STOPPED_PHASES
 from gui.snapshot import incident_facts as facts
 from gui.snapshot.report_html import Html, badge, code, esc, more, section, table, time_cell
 
@@ -126,7 +127,7 @@ def _not_prevented(o: facts.Outcome) -> str:
 def _prevented(o: facts.Outcome, state: dict) -> str:
     named = list(dict.fromkeys(str(r) for e in o.isolation for r in e.requests.listed))
     ended = {str(r.get("request_id")): facts.phase(r) for r in state.get("requests") or []}
-    aborted = [r for r in named if ended.get(r) in facts.STOPPED_PHASES]
+    aborted = [r for r in named if ended.get(r) in STOPPED_PHASES]
     others = [r for r in named if r not in aborted]
     head = "Every isolation violation was stopped before another request's data reached a response."
     body = (f"<p>{len(o.isolation):,} isolation alert episode(s) fired ({_episode_names(o.isolation)}); no "

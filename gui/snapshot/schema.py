@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from jsonschema import Draft202012Validator
 
 from engine.wire.alert_kinds import SEVERITIES
+from engine.wire.states import AlertState
 
 MANIFEST_SCHEMA_ID = "pagewarden.snapshot/1"
 STATE_SCHEMA_ID = "pagewarden.snapshot.state/1"
@@ -79,7 +80,7 @@ _TRANSITION = {"type": "array", "prefixItems": [_STR, _NUM], "minItems": 2, "max
 _ALERT = _record(
     {"id": _STR, "kind": _STR, "subject": _STR,
      "severity": {"enum": list(SEVERITIES)},
-     "state": {"enum": ["pending", "firing", "resolved"]},
+     "state": {"enum": [s.value for s in AlertState]},
      "detail": _STR, "first_seen": _NUM, "last_seen": _NUM, "count": _COUNT, "acked": _BOOL},
     {"requests": {"type": "array", "items": _STR}, "pages": {"type": "array", "items": _INT},
      "prevented": {"type": ["boolean", "null"]}, "transitions": {"type": "array", "items": _TRANSITION},

@@ -12,11 +12,12 @@ Pure Python (no Qt); `request_spans` is shared with the HTML report.
 """
 
 from __future__ import annotations
+from engine.wire.states import END_PHASES
 
 PROCESS = "PageWarden engine"
 PID = 1
 SUPERVISOR, ALERTS = "supervisor", "alerts"
-END_EVENTS = ("finished", "failed", "cancelled")
+END_EVENTS = END_PHASES
 # Request events worth a mark on the timeline of the worker that saw them.
 MARKED_EVENTS = ("ownership_violation", "cross_read", "reserve_failed")
 _ROLE_ORDER = {"prefill": 0, "decode": 1}

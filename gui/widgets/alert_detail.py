@@ -16,6 +16,7 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QApplication, QHBoxLayout, QPushButton, QTextBrowser, QVBoxLayout, QWidget
 
 from engine.wire.alert_kinds import BY_NAME
+from engine.wire.states import AlertState
 from gui import theme
 from gui.model.engine_state import AlertRow, EngineState
 from gui.model.scope_summary import scope_document, scope_text, tenant_pairs
@@ -111,7 +112,7 @@ class AlertDetail(StateView, QWidget):
             moved = alert.last_seen != self.alert.last_seen or alert.state != self.alert.state
             self.alert = alert
             self._render()
-            if moved and (alert.state != "firing" or time.monotonic() - self._scope_asked_at >= SCOPE_AGAIN_S):
+            if moved and (alert.state != AlertState.FIRING or time.monotonic() - self._scope_asked_at >= SCOPE_AGAIN_S):
                 self._ask_scope()
             return
         self.alert, self.pairs = alert, None

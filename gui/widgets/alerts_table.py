@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from gui import theme
+from engine.wire.states import AlertState
 from gui.model.engine_state import AlertRow, EngineState
 from gui.widgets.row_table_model import RowTableModel, row_table_view
 from gui.widgets.state_view import StateView
@@ -130,7 +131,7 @@ class AlertsModel(RowTableModel):
                 return theme.color("warning")
             if col == 1 and not row.gone:
                 return theme.severity_color(row.severity)
-            if row.state == "resolved" or row.gone:
+            if row.state == AlertState.RESOLVED or row.gone:
                 return theme.color("muted")
         if role == Qt.FontRole and (row.marker or row.gone or row.live_firing and not row.acked):
             font = QFont()
@@ -210,7 +211,7 @@ class AlertsTable(StateView, QWidget):
         unresolved_only = self.filter.currentIndex() == 1
         alerts = self.state.alerts.values()
         find, tenant = self.state.find, self.state.tenant_of_request
-        rows = [a for a in alerts if not (unresolved_only and a.state == "resolved")
+        rows = [a for a in alerts if not (unresolved_only and a.state == AlertState.RESOLVED)
                 and (not find.active or a.marker or any(find.matches(r, tenant(r)) for r in a.requests))]
         rows.reverse()  # arrival order breaks last_seen ties, newest first
         rows.sort(key=lambda a: a.last_seen, reverse=True)

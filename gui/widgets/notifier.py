@@ -16,6 +16,7 @@ from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
 from engine.wire.alert_kinds import ISOLATION_KINDS
+from engine.wire.states import AlertState
 from gui.model.engine_state import EngineState
 from gui.widgets.state_view import StateView
 
@@ -41,7 +42,7 @@ class Notifier(StateView, QObject):
         return {"crossings": self.on_crossings, "alerts": self.on_alerts}
 
     def state_replaced(self) -> None:
-        self._kinds_seen = {a.kind for a in self.state.alerts.values() if a.state == "firing"}
+        self._kinds_seen = {a.kind for a in self.state.alerts.values() if a.state == AlertState.FIRING}
 
     def on_crossings(self) -> None:
         new = self.state.take_new_crossings()

@@ -17,16 +17,17 @@ from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import QLabel, QSizePolicy, QTextBrowser, QVBoxLayout, QWidget
 
 from gui import theme
+from engine.wire.states import END_PHASES, RUNNING_PHASES, Phase
 from gui.model.engine_state import RequestRow
 from gui.widgets.state_view import StateView
 
-PHASE_LABELS = {"arrived": "arrived (seen later)", "queued": "queued", "reserving": "reserving pages",
-                "awaiting_prefill": "awaiting prefill", "prefilling": "prefill + transfer",
-                "decoding": "decoding", "finished": "finished", "failed": "failed", "rejected": "rejected",
-                "cancelled": "cancelled"}
-RUNNING = ("arrived", "queued", "reserving", "awaiting_prefill", "prefilling", "decoding")  # series colours
-END_TONES = {"finished": "ok", "failed": "danger", "rejected": "warning", "cancelled": "warning"}
-ENDS = ("finished", "failed", "rejected", "cancelled")
+ARRIVED = "arrived"  # not a phase: a request first seen after it began (the app joined late)
+PHASE_LABELS = {ARRIVED: "arrived (seen later)", **{p: p.value for p in Phase},
+                Phase.RESERVING: "reserving pages", Phase.AWAITING_PREFILL: "awaiting prefill",
+                Phase.PREFILLING: "prefill + transfer"}
+RUNNING = (ARRIVED, *RUNNING_PHASES)  # series colours
+END_TONES = {Phase.FINISHED: "ok", Phase.FAILED: "danger", Phase.REJECTED: "warning", Phase.CANCELLED: "warning"}
+ENDS = END_PHASES
 
 
 def _clock(t: float) -> str:

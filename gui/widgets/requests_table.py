@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from gui import theme
+from engine.wire.states import Phase
 from gui.model.engine_state import EngineState, RequestRow
 from gui.model.rewind import affected_at, requests_at
 from gui.widgets.row_table_model import RowTableModel, row_table_view
@@ -31,8 +32,8 @@ from gui.widgets.state_view import StateView
 COLUMNS = ("Request", "Tenant", "Prompt", "Phase", "Pages", "TTFT ms", "Tokens")
 NUMERIC = {2, 5, 6}
 FILTERS = ("Active", "All")
-PHASE_COLOR = {"failed": "danger", "rejected": "danger", "cancelled": "muted", "finished": "muted",
-               "decoding": "ok"}
+PHASE_COLOR = {Phase.FAILED: "danger", Phase.REJECTED: "danger", Phase.CANCELLED: "muted", Phase.FINISHED: "muted",
+               Phase.DECODING: "ok"}
 
 
 def pages_text(pages: dict[str, int]) -> str:

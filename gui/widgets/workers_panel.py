@@ -22,7 +22,8 @@ from PySide6.QtWidgets import (
 )
 
 from gui import theme
-from gui.model.engine_state import RUNNING_STATES, EngineState, WorkerRow
+from engine.wire.states import WORKER_STARTABLE, WORKER_UP, WorkerState
+from gui.model.engine_state import EngineState, WorkerRow
 from gui.widgets.row_table_model import RowTableModel, row_table_view
 from gui.widgets.state_view import StateView
 
@@ -31,10 +32,10 @@ RESTARTS_COLUMN, AGE_COLUMN, USAGE_COLUMN = 5, 6, 7
 WIDTHS = (84, 56, 64, 56, 56, 64, 48, 150)  # preferred; the usage column stretches beyond its share
 USAGE_MIN_WIDTH = 110  # "4,096/4,096" in a bar
 MIN_COLUMN_WIDTH = 20  # elided to a letter or two: the usage column must keep its room
-STARTABLE = ("stopped", "crashed")
-RUNNING = RUNNING_STATES
-STATE_COLOR = {"ready": "ok", "crashed": "danger", "starting": "warning", "draining": "warning",
-               "stopping": "warning", "stopped": "muted"}
+STARTABLE = WORKER_STARTABLE
+RUNNING = WORKER_UP
+STATE_COLOR = {WorkerState.READY: "ok", WorkerState.CRASHED: "danger", WorkerState.STARTING: "warning",
+               WorkerState.DRAINING: "warning", WorkerState.STOPPING: "warning", WorkerState.STOPPED: "muted"}
 
 
 def actions_enabled(worker: WorkerRow | None, readonly: bool, connected: bool = True) -> dict[str, bool]:
