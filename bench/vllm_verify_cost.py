@@ -12,8 +12,15 @@ block it loads, with the C++ digest module where it builds). Each round sends th
 prompts (none of an earlier round, so the content-addressed store never serves an old file)
 through both pairs, one after the other, the order alternating by round; a pair's figure is
 requests completed per second through the router (prefill on the producer, then decode on the
-consumer). The ratio verified/plain is taken per round; its median is the cost. Idle pairs
-wait on their sockets, so the pair not measured takes no CPU.
+consumer). The ratio verified/plain is taken per round; its median is the cost. The pair not
+being measured is frozen (SIGSTOP to each of its process groups, SIGCONT after): on 2 cores
+an idle vLLM's polling threads otherwise take time from the pair under test, and the
+per-round ratios swung 0.59-1.22 that way.
+
+Beside the ratio, the verified pair's own account of its work: each worker logs the seconds it
+spent digesting saved blocks (producer) and checking loaded ones (consumer) ("PageWarden verify
+cost", every 10 s while it works); over the seconds the verified pair was busy, that is the
+share of the pair's time the checks took, a figure the machine's noise does not move.
 
 Goal: cost <= 3% on the copy model and on the 135M-shape checkpoint (bench/make_random_llama.py).
 """
@@ -24,8 +31,10 @@ import argparse
 import concurrent.futures as cf
 import json
 import os
+import re
 import random
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -65,8 +74,23 @@ def empty(store: str) -> None:
         shutil.rmtree(entry.path, ignore_errors=True)
 
 
-def one_round(pair: dict, work, tag: str, concurrency: int) -> dict:
+def signal_pair(pair: dict, sig: int) -> None:
+    for server in (pair["producer"], pair["consumer"]):
+        os.killpg(server.proc.pid, sig)
+
+
+def one_round(pair: dict, work, tag: str, concurrency: int, others=()) -> dict:
     empty(pair["store"])
+    for other in others:
+        signal_pair(other, signal.SIGSTOP)
+    try:
+        return _timed(pair, work, tag, concurrency)
+    finally:
+        for other in others:
+            signal_pair(other, signal.SIGCONT)
+
+
+def _timed(pair: dict, work, tag: str, concurrency: int) -> dict:
     begin = time.perf_counter()
 
     def send(item):
@@ -79,6 +103,19 @@ def one_round(pair: dict, work, tag: str, concurrency: int) -> dict:
     manifests = sum(1 for r in replies if "pagewarden_manifest" in (r["sent_kv_transfer_params"] or {}))
     return {"seconds": seconds, "rps": len(work) / seconds, "manifests": manifests,
             "texts": [r["choices"][0]["text"] for r in replies]}
+
+
+COST_LINE = re.compile(r"PageWarden verify cost: (\d+) blocks digested in ([\d.]+) s, (\d+) blocks checked in "
+                       r"([\d.]+) s")
+
+
+def verify_cost(server) -> tuple[int, float, int, float]:
+    """The last cost line this vLLM logged: (blocks digested, s, blocks checked, s)."""
+    found = COST_LINE.findall(server.log_path.read_text(errors="replace"))
+    if not found:
+        return 0, 0.0, 0, 0.0
+    a, b, c, d = found[-1]
+    return int(a), float(b), int(c), float(d)
 
 
 def start_pair(model: Path, verified: bool, env: dict, stack) -> dict:
@@ -106,21 +143,30 @@ def run_model(name: str, args, env: dict) -> dict:
         pairs = {"plain": start_pair(model, False, env, stack), "verified": start_pair(model, True, env, stack)}
         print(f"  {name}: four vLLM instances ready in {time.perf_counter() - t0:.0f} s", flush=True)
         warm = prompts(10_000, args.concurrency, low, high)
+        busy = 0.0  # seconds the verified pair was serving, all rounds
         for kind, pair in pairs.items():
-            one_round(pair, warm, f"warm-{kind}", args.concurrency)
+            took = one_round(pair, warm, f"warm-{kind}", args.concurrency, [p for k, p in pairs.items() if k != kind])
+            busy += took["seconds"] if kind == "verified" else 0.0
         ratios, figures, identical, compared, unverified = [], {"plain": [], "verified": []}, 0, 0, 0
         for r in range(args.rounds):
             work = prompts(r, args.requests, low, high)
             order = ("plain", "verified") if r % 2 == 0 else ("verified", "plain")
-            got = {kind: one_round(pairs[kind], work, f"r{r}-{kind}", args.concurrency) for kind in order}
+            got = {kind: one_round(pairs[kind], work, f"r{r}-{kind}", args.concurrency,
+                                   [p for k, p in pairs.items() if k != kind]) for kind in order}
             for kind in got:
                 figures[kind].append(got[kind]["rps"])
+            busy += got["verified"]["seconds"]
             ratios.append(got["verified"]["rps"] / got["plain"]["rps"])
             identical += sum(a == b for a, b in zip(got["plain"]["texts"], got["verified"]["texts"]))
             compared += len(work)
             unverified += len(work) - got["verified"]["manifests"]
             print(f"  {name} round {r}: plain {got['plain']['rps']:.2f} req/s, verified "
                   f"{got['verified']['rps']:.2f} req/s, ratio {ratios[-1]:.3f}", flush=True)
+        # one more small round after the workers' log period, so that their last cost lines cover every round
+        time.sleep(11)
+        busy += one_round(pairs["verified"], prompts(20_000, 2, low, high), "flush", 2, [pairs["plain"]])["seconds"]
+        digested, digest_s, _, _ = verify_cost(pairs["verified"]["producer"])
+        _, _, checked, check_s = verify_cost(pairs["verified"]["consumer"])
         failed = pairs["verified"]["consumer"].log_path.read_text(errors="replace").count("PageWarden transfer_mismatch")
         for pair in pairs.values():
             shutil.rmtree(pair["store"], ignore_errors=True)
@@ -128,7 +174,10 @@ def run_model(name: str, args, env: dict) -> dict:
             "concurrency": args.concurrency, "plain_rps_median": statistics.median(figures["plain"]),
             "verified_rps_median": statistics.median(figures["verified"]), "ratio_median": statistics.median(ratios),
             "ratio_min": min(ratios), "ratio_max": max(ratios), "identical_outputs": f"{identical}/{compared}",
-            "requests_without_manifest": unverified, "transfer_mismatches": failed}
+            "requests_without_manifest": unverified, "transfer_mismatches": failed,
+            "verified_busy_s": round(busy, 2), "blocks_digested": digested, "digest_s": round(digest_s, 4),
+            "blocks_checked": checked, "check_s": round(check_s, 4),
+            "own_share": (digest_s + check_s) / busy if busy else 0.0}
 
 
 def main() -> int:
@@ -152,6 +201,12 @@ def main() -> int:
               f"{r['ratio_median']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}) | "
               f"{(1 - r['ratio_median']) * 100:.1f}% | {r['identical_outputs']} | {r['requests_without_manifest']} | "
               f"{r['transfer_mismatches']} |")
+    print("\nThe verifier's own time (its workers' account), against the seconds the verified pair was busy:\n\n"
+          "| model | blocks digested (producer) | s | blocks checked (consumer) | s | busy s | own share |\n"
+          "|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['model']} | {r['blocks_digested']:,} | {r['digest_s']:.3f} | {r['blocks_checked']:,} | "
+              f"{r['check_s']:.3f} | {r['verified_busy_s']:.1f} | {r['own_share'] * 100:.2f}% |")
     if args.json:
         Path(args.json).write_text(json.dumps({"digest_backend": backend, "results": results}, indent=1))
     return 0

@@ -10,7 +10,10 @@ content hash equals the hash of each holder's own tokens at that position. So:
 - a block held by more live requests than the pool counts (ref_cnt) can be handed to a new
   request while they still read it: `ownership_violation`;
 - a request's block table must cover exactly the tokens it has computed plus the ones
-  scheduled this step (ceil(tokens / block size) blocks): `block_table_mismatch`.
+  scheduled this step (ceil(tokens / block size) blocks): `block_table_mismatch`. One
+  exception, vLLM's own: after a KV load failed, vLLM moves the request's computed tokens back
+  to the first failed block and recomputes, keeping the blocks it holds, so a request the
+  connector saw rewound may hold more blocks than its tokens need (never fewer) until then.
 
 The window-versus-capacity check (`capacity_exceeds_window`) needs no snapshot:
 `capacity_finding()`.
@@ -47,7 +50,7 @@ def check_snapshot(snap: PoolSnapshot) -> list[Finding]:
             return findings[:MAX_FINDINGS]
     for req in snap.requests.values():
         want = -(-req.needed_tokens // snap.block_size)
-        if len(req.block_ids) != want:
+        if len(req.block_ids) != want and not (req.rewound and len(req.block_ids) > want):
             findings.append(Finding(
                 "block_table_mismatch", f"request:{req.request_id}",
                 f"request {req.request_id}'s block table has {len(req.block_ids)} blocks of {snap.block_size} tokens "

@@ -85,6 +85,7 @@ class PageWardenConnector(KVConnectorBase_V1):
         self.server = None
         self._live: dict[str, Any] = {}  # request id -> vLLM's Request, from on_new_request
         self._finished: dict[str, str] = {}
+        self._rewound: set[str] = set()  # live requests vLLM rewinds after a failed KV load
         self._step = 0
         self._last = 0.0
         self.fault_applied: str | None = None
@@ -131,8 +132,19 @@ class PageWardenConnector(KVConnectorBase_V1):
             self._offer(scheduler_output.num_scheduled_tokens)
         return _NoMeta()
 
+    def update_connector_output(self, connector_output) -> None:
+        """Requests whose KV load failed (any connector's): vLLM rewinds them to the first
+        failed block and recomputes, so their tables run ahead of their tokens until then.
+        Costs nothing on a step without load errors."""
+        bad = connector_output.invalid_block_ids
+        if bad:
+            self._rewound.update(rid for rid, table in self.manager.req_to_blocks.items()
+                                 if rid in self._live and any(b.block_id in bad for b in table))
+        self._rewound.update(rid for rid in connector_output.failed_recving or () if rid in self._live)
+
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._live.pop(request.request_id, None)
+        self._rewound.discard(request.request_id)
         reason = request.get_finished_reason()
         self._finished[request.request_id] = str(getattr(reason, "name", reason) or request.status.name).lower()
         return False, None
@@ -167,8 +179,12 @@ class PageWardenConnector(KVConnectorBase_V1):
                     key = b.block_hash
                     blocks[b.block_id] = BlockView(b.ref_cnt, None if key is None else bytes(key[:-HASH_GROUP_SUFFIX]))
             own = tuple(bytes(h) for h in req.block_hashes[stride - 1::stride][:len(ids)])
-            requests[rid] = RequestView(rid, ids, req.num_computed_tokens + scheduled.get(rid, 0),
-                                        req.num_prompt_tokens, req.num_output_tokens, own)
+            needed = req.num_computed_tokens + scheduled.get(rid, 0)
+            rewound = rid in self._rewound
+            if rewound and len(ids) <= -(-needed // self.block_size):
+                self._rewound.discard(rid)  # recomputed up to its table again
+            requests[rid] = RequestView(rid, ids, needed, req.num_prompt_tokens, req.num_output_tokens, own,
+                                        rewound=rewound)
         finished, self._finished = self._finished, {}
         return PoolSnapshot(time.time(), self._step, self.block_pool.num_gpu_blocks, self.block_size, requests,
                             blocks, finished, waiting=len(self._live) - len(requests))

@@ -18,6 +18,9 @@ class RequestView:
     prompt_len: int
     output_tokens: int
     own_hashes: tuple[bytes, ...]  # the hash of the request's own tokens, per full block, in order
+    # vLLM moved its computed tokens back after a KV load failed (it recomputes from the first
+    # failed block, keeping the blocks it holds): its table may be longer than its tokens need
+    rewound: bool = False
 
 
 @dataclass(frozen=True)

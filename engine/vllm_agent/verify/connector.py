@@ -44,6 +44,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +64,8 @@ from engine.vllm_agent.verify import manifest as mf
 from engine.vllm_agent.verify.digest import (combine, copy_blocks, digest_blocks, layer_digests, put_blocks,
                                              scrub_blocks)
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("vllm.pagewarden.verify")  # a child of vLLM's logger: its handler, level and format
+COST_LOG_PERIOD_S = 10.0  # how often a worker logs what its own checks have cost so far (when they ran)
 TEST_FAULTS = ("short_transfer", "per_request")
 TEST_KEY = "pagewarden_test"  # per_request: {"fault": bool, "verify": bool} in kv_transfer_params
 MASK64 = (1 << 64) - 1
@@ -150,6 +152,9 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
         self._errors: set[int] = set()
         self._findings: list[dict] = []
         self._done_digests: dict[str, dict[int, int]] = {}
+        # the worker's own time in digests and checks, on vLLM's forward path: what verifying costs
+        self.worker_cost = {"digest_s": 0.0, "blocks_digested": 0, "check_s": 0.0, "blocks_checked": 0}
+        self._cost_logged = (time.monotonic(), 0)
 
     @staticmethod
     def _build(vllm_config, spec: dict, role, kv_cache_config) -> KVConnectorBase_V1:
@@ -195,7 +200,11 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
         self.inner.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
-        for task in self._get_connector_metadata().digest:
+        tasks = self._get_connector_metadata().digest
+        if not tasks:
+            return
+        start = time.perf_counter()
+        for task in tasks:
             try:
                 found, ok = layer_digests(kv_layer, task.block_ids, task.rows, self.block_size)
             except Exception:  # no digest, no trust: the manifest leaves without digests
@@ -204,6 +213,8 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
             for i, position in enumerate(task.positions):
                 per_layer = self._layer_digests.setdefault((task.request_id, position), {})
                 per_layer[layer_name] = (int(found[i]), bool(ok[i]))
+            self.worker_cost["blocks_digested"] += len(task.block_ids)
+        self.worker_cost["digest_s"] += time.perf_counter() - start
 
     def wait_for_save(self) -> None:
         self.inner.wait_for_save()
@@ -226,12 +237,27 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         inner = self.inner.build_connector_worker_meta()
-        self._combine_layer_digests()
+        if self._layer_digests:
+            start = time.perf_counter()
+            self._combine_layer_digests()
+            self.worker_cost["digest_s"] += time.perf_counter() - start
+        self._log_cost()
         if inner is None and not self._done_digests and not self._findings:
             return None
         meta = VerifyWorkerMetadata(inner, self._done_digests, self._findings)
         self._done_digests, self._findings = {}, []
         return meta
+
+    def _log_cost(self) -> None:
+        """What this worker's digests and checks have cost so far, every COST_LOG_PERIOD_S
+        while they run (bench/vllm_verify_cost.py reads it; an operator can too)."""
+        now, done = time.monotonic(), self.worker_cost["blocks_digested"] + self.worker_cost["blocks_checked"]
+        if done == self._cost_logged[1] or now - self._cost_logged[0] < COST_LOG_PERIOD_S:
+            return
+        self._cost_logged = (now, done)
+        c = self.worker_cost
+        logger.info("PageWarden verify cost: %d blocks digested in %.6f s, %d blocks checked in %.6f s",
+                    c["blocks_digested"], c["digest_s"], c["blocks_checked"], c["check_s"])
 
     def _combine_layer_digests(self) -> None:
         """One digest per block over every layer; a block some layer did not save, or could
@@ -248,6 +274,15 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
         blocks = task.blocks
         if not task.verify or not blocks.block_ids:
             return
+        start = time.perf_counter()
+        try:
+            self._compare(task, layers)
+        finally:
+            self.worker_cost["check_s"] += time.perf_counter() - start
+            self.worker_cost["blocks_checked"] += len(blocks.block_ids)
+
+    def _compare(self, task: CheckTask, layers) -> None:
+        blocks = task.blocks
         if task.expected is None:
             bad, found = list(range(len(blocks.block_ids))), []
         else:
@@ -381,6 +416,8 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
             connector_output.kv_connector_worker_meta = ours.inner
         try:
             self.inner.update_connector_output(connector_output)
+            if self.agent is not None:
+                self.agent.update_connector_output(connector_output)
         finally:
             connector_output.kv_connector_worker_meta = meta
         if ours is not None:

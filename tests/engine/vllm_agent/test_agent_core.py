@@ -20,8 +20,8 @@ BS = 32
 H = {name: bytes([i]) * 32 for i, name in enumerate(("a0", "a1", "b0", "b1", "c0"), start=1)}
 
 
-def req(rid, blocks, tokens, hashes, prompt=None):
-    return RequestView(rid, tuple(blocks), tokens, prompt or tokens, 0, tuple(H[h] for h in hashes))
+def req(rid, blocks, tokens, hashes, prompt=None, rewound=False):
+    return RequestView(rid, tuple(blocks), tokens, prompt or tokens, 0, tuple(H[h] for h in hashes), rewound=rewound)
 
 
 def snap(requests, blocks, step=1, finished=None):
@@ -68,6 +68,16 @@ def test_a_block_table_must_cover_exactly_the_computed_and_scheduled_tokens():
     assert extra.kind == "block_table_mismatch" and "3 blocks" in extra.detail and "need 2" in extra.detail
     s = snap([req("r1", [1], 40, ["a0"])], {1: (1, "a0")})
     assert kinds(check_snapshot(s)) == [("block_table_mismatch", "request:r1")]
+
+
+def test_a_request_vllm_rewound_after_a_failed_load_may_hold_more_blocks_never_fewer():
+    # vLLM recomputes a failed load from its first failed block, keeping the 4 blocks it loaded into
+    blocks = {1: (1, "a0"), 2: (1, None), 3: (1, None), 4: (1, None)}
+    assert check_snapshot(snap([req("r1", [1, 2, 3, 4], 32, ["a0"], rewound=True)], blocks)) == []
+    assert kinds(check_snapshot(snap([req("r1", [1, 2, 3, 4], 32, ["a0"])], blocks))) == [
+        ("block_table_mismatch", "request:r1")]  # the same table, not rewound: a real mismatch
+    short = snap([req("r1", [1], 40, ["a0"], rewound=True)], {1: (1, "a0")})
+    assert kinds(check_snapshot(short)) == [("block_table_mismatch", "request:r1")]
 
 
 def test_findings_per_snapshot_are_bounded():
