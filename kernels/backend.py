@@ -33,6 +33,8 @@ class KernelSet:
     store_planned: Callable | None = None
     # what decode attention runs on, in words (the worker's hello says it)
     attention: str = ""
+    # why this set runs slower code than the machine could (the CPU module failed to build): "" when not
+    fallback: str = ""
 
 
 def select_kernels(choice: str, device) -> KernelSet:
@@ -64,7 +66,7 @@ def _torch_kernels() -> KernelSet:
     return KernelSet(
         "torch", paged_decode_attention, store_kv, scrub_pages,
         paged_attention_cpu.plan_decode, paged_attention_cpu.attend_planned, plan_store, store_planned,
-        attention=cpu_extension.describe(),
+        attention=cpu_extension.describe(), fallback=cpu_extension.build_failure(),
     )
 
 

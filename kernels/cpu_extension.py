@@ -41,6 +41,9 @@ def mode() -> str:
     return value
 
 
+_failure: list[str] = []  # why the module could not be built here (empty: it was, or it was not asked for)
+
+
 @cache
 def extension():
     """The compiled module (building it if stale), or None when it cannot be built here."""
@@ -51,7 +54,16 @@ def extension():
     except Exception as exc:  # no compiler, no ninja, a read-only cache: the references still work
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         log.warning("CPU kernels unavailable, running the torch references: %s", first)
+        _failure[:] = [first[:300]]
         return None
+
+
+def build_failure() -> str:
+    """Why this process runs the slow torch references although it asked for the module
+    (its build failed), or "" (it runs the module, or PAGEWARDEN_CPU_KERNELS=reference chose
+    the references on purpose). Workers say it in their hello; the supervisor raises it."""
+    extension()
+    return _failure[0] if _failure else ""
 
 
 def compile_module(name: str, *, cflags: tuple[str, ...] = CFLAGS, ldflags: tuple[str, ...] = (),

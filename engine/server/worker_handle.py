@@ -110,6 +110,7 @@ class WorkerHandle:
             "name": self.name, "role": self.role, "state": self.state.value, "pid": self.pid,
             "device": self.info.get("device"), "kernels": self.info.get("kernels"),
             "attention": self.info.get("attention"),  # e.g. "in place, C++ (AVX2)"
+            "kernels_fallback": self.info.get("kernels_fallback") or "",  # why it runs the slow references
             "threads": self.info.get("threads"),  # the most it computes with
             "threads_shared": self.info.get("threads_shared", False),  # divided among the computing workers
             "pool": {

@@ -151,6 +151,13 @@ ALERT_KINDS = (
                "Start a stopped one (Workers panel) or wait for the restart policy; queued requests fail after "
                "workers.unplaced_timeout_s",
                "The alert resolves as soon as a decode worker is ready")),
+    AlertKind("slow_kernels", "warning", False, False,
+              "a worker runs the slow torch reference kernels: the C++ CPU module could not be built",
+              ("Read the detail: the build's first error (no compiler, no ninja, a cache folder it cannot write)",
+               "Run `.venv/bin/python -m kernels.cpu_extension` on this machine: it builds the module or says why; "
+               "`make` does it at set-up",
+               "Restart the worker (Workers panel) once it builds: the alert resolves when its hello says the "
+               "module runs")),
     AlertKind("probe_error", "warning", False, False, "the app's black-box probe could not run a round",
               ("Read the detail: the probed endpoint refused, timed out or answered in a shape the probe did "
                "not expect",

@@ -63,6 +63,7 @@ class WorkerLoop:
             "op": "hello", "name": self.name, "role": self.role, "pid": os.getpid(), "token": self.token,
             "device": str(pool.device), "kernels": self.engine.kernels.name,
             "attention": self.engine.kernels.attention,
+            "kernels_fallback": self.engine.kernels.fallback,
             # the most threads it computes with: its share of the cores when they are shared
             "threads": self.cores.cores if self.cores is not None else torch.get_num_threads(),
             "threads_shared": self.cores is not None,
