@@ -33,9 +33,10 @@ def _fake_tree(root: Path, files: dict[str, str]) -> None:
     """The project's package layout (empty modules), plus `files`."""
     packages = ["engine", "engine/wire", "engine/client", "engine/adapters", "engine/commands", "engine/server",
                 "engine/workers", "engine/kv", "engine/model", "engine/guard", "engine/http", "engine/evidence",
-                "gui", "gui/model", "gui/snapshot", "gui/widgets", "kernels"]
-    modules = ["gui/main_window.py", "gui/app.py", "engine/core.py", "engine/model_runner.py", "engine/attention.py", "engine/scheduler.py",
-               "engine/sampling.py"]
+                "engine/vllm_agent", "gui", "gui/model", "gui/snapshot", "gui/widgets", "kernels"]
+    modules = ["gui/main_window.py", "gui/app.py"] + [f"engine/{name}.py" for name in (
+        "core", "model_runner", "attention", "scheduler", "sampling", "request", "isolate", "admission",
+        "pool_memory", "capacity", "dense_reference", "config", "errors", "parent_watch")]
     for package in packages:
         (root / package).mkdir(parents=True, exist_ok=True)
         (root / package / "__init__.py").write_text("")
@@ -57,6 +58,9 @@ def test_the_contracts_catch_planted_violations(tmp_path):
         "the wire imports the client": {"engine/wire/protocol.py": "import engine.client.x\n",
                                         "engine/client/x.py": ""},
         "the engine imports Qt": {"engine/kv/pool.py": "import PySide6\n"},
+        "a worker imports the server": {"engine/workers/loop.py": "import engine.server.pool\n",
+                                        "engine/server/pool.py": ""},
+        "the KV pool imports the model runner": {"engine/kv/pool.py": "import engine.model_runner\n"},
         "the GUI's model imports Qt": {"gui/model/colors.py": "import pyqtgraph\n"},
         "the snapshot code imports a widget": {"gui/snapshot/report_x.py": "import gui.widgets.table\n",
                                                "gui/widgets/table.py": ""},

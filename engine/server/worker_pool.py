@@ -19,9 +19,9 @@ from pathlib import Path
 
 from engine.config import WORKER_ROLES, core_slot
 from engine.server.worker_handle import WorkerHandle
+from engine.wire.protocol import HEARTBEAT_TIMEOUT_S
 from engine.wire.states import WorkerState
 
-HEARTBEAT_TIMEOUT_S = 30.0  # only for hung workers: a dead one is seen at once by its exit
 UNRESPONSIVE_S = 10.0  # the supervisor is told before the heartbeat timeout kills it
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 5.0

@@ -34,6 +34,9 @@ _DTYPE_NAMES = {np.dtype(v).newbyteorder("<"): k for k, v in DTYPES.items()}
 
 # The environment variable that hands a worker its bus token (never on a command line).
 TOKEN_ENV = "PAGEWARDEN_WORKER_TOKEN"
+# A worker silent this long is hung (a dead one is seen at once by its exit): the supervisor
+# restarts it, and its marks in the shared core table are stale.
+HEARTBEAT_TIMEOUT_S = 30.0
 
 # The tenant (and data tier) of the canary requests the supervisor sends on its own.
 CANARY_TENANT = "canary"

@@ -52,7 +52,7 @@ import torch
 from torch import nn
 
 from engine.model.cpu_linear import projection_weights
-from engine.server.worker_pool import HEARTBEAT_TIMEOUT_S
+from engine.wire.protocol import HEARTBEAT_TIMEOUT_S
 
 FILE_NAME = "core-share"
 STALE_S = HEARTBEAT_TIMEOUT_S  # a mark this old is a worker that died or hung while computing
