@@ -18,7 +18,7 @@ from engine.wire.defences import DEFENCES, FAULTS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # the default model: repeats its context, any bytes (built by resources/models/build_copy_model.py), so data
-# that crosses requests shows in the text (issues 7, 12)
+# that crosses requests shows in the text
 DEFAULT_MODEL_DIR = REPO_ROOT / "resources" / "models" / "pagewarden-copy"
 # a random checkpoint of the same vocabulary, with grouped-query attention (4 query, 2 KV heads)
 TINY_RANDOM_MODEL_DIR = REPO_ROOT / "resources" / "models" / "pagewarden-tiny-random"

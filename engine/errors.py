@@ -1,6 +1,6 @@
 """Errors a user can act on: each names the thing, the number and the limit.
 
-Every error carries a stable `code` so that it can cross the wire (issue 3) and be
+Every error carries a stable `code` so that it can cross the wire and be
 matched by tests without parsing prose.
 """
 

@@ -1,6 +1,6 @@
 """AuditLog: what happened to each request, in order, for tests and incident scoping.
 
-Bounded three ways, because an incident is exactly when it fills up (issue 15: one reader
+Bounded three ways, because an incident is exactly when it fills up (one reader
 collected 672 events, 1.4 MB, and a three-wave incident made a 154 MB `history` answer):
 - at most `max_requests` subjects (the oldest subject goes first);
 - an event that repeats (alerts, cross reads, ownership violations) is recorded once per

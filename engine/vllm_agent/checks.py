@@ -1,4 +1,4 @@
-"""The isolation checks on vLLM's own state (issue 16, part 4), on one PoolSnapshot.
+"""The isolation checks on vLLM's own state, on one PoolSnapshot.
 
 vLLM shares a block between requests only through its prefix cache: a full block whose
 content hash equals the hash of each holder's own tokens at that position. So:

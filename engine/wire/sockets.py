@@ -57,7 +57,7 @@ def send_zero_copy(sock: zmq.Socket, frames: list) -> zmq.MessageTracker:
     alone. When that frame is small it is copied (under zmq.COPY_THRESHOLD, 64 KiB) and its
     tracker is done at once, while ZeroMQ's I/O thread is still reading the large frames
     before it: a sender that frees (scrubs, reuses) that memory then ships torn bytes. The
-    prefill worker did exactly that with pages over 64 KiB (issue 17's 135M checkpoint)."""
+    prefill worker did exactly that with pages over 64 KiB (the 135M-shape checkpoint's)."""
     trackers = [sock.send(frame, zmq.SNDMORE, copy=False, track=True) for frame in frames[:-1]]
     trackers.append(sock.send(frames[-1], 0, copy=False, track=True))
     return zmq.MessageTracker(*trackers)

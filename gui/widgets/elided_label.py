@@ -1,7 +1,7 @@
 """ElidedLabel: one line of text that never widens its window.
 
 A QLabel asks for the width of its text, so a long hover line grew the main window from
-1,400 to 1,543 px and moved the maps under the pointer (issue 15, item 4). This label takes
+1,400 to 1,543 px and moved the maps under the pointer. This label takes
 the width its layout gives it and elides the rest with "…"; the whole text is its tooltip
 and `full_text()`.
 """

@@ -2,7 +2,7 @@
 faults injected (an `--allow-faults` engine reproducing an incident).
 
 It names every defence that is off and every fault that is on, from the engine's config
-(status), and hides only when all defences are on and no fault is (issue 15, item 3: before,
+(status), and hides only when all defences are on and no fault is (before,
 an attached window showed nothing of it).
 """
 

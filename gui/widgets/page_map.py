@@ -188,7 +188,7 @@ class _PoolView:
             self.shape = img.shape
             rows, cols = img.shape
             # pan limits as wide as the longer side on both axes: limits of a few rows let an
-            # aspect-locked box taller than the pool show only a square crop of it (issue 15, 8)
+            # aspect-locked box taller than the pool show only a square crop of it
             side = PAN_SIDES * max(rows, cols)
             self.view.setLimits(xMin=-side, xMax=cols + side, yMin=-side, yMax=rows + side)
             self.view.setRange(xRange=(0, cols), yRange=(0, rows), padding=0.01)
