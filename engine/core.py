@@ -31,7 +31,7 @@ from kernels.backend import select_kernels
 
 @dataclass(frozen=True)
 class IsolationCounts:
-    """What I1 found for one request in one decode step (DESIGN.md, I1)."""
+    """What I1 found for one request in one decode step (docs/INVARIANTS.md, I1)."""
 
     foreign: int  # token slots it needed that another request (or epoch) wrote
     unwritten: int  # token slots it needed that nothing wrote since their scrub

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 class Switch(NamedTuple):
     name: str  # the config key
-    invariant: str  # which invariant it defends (a fault: the one it breaks), DESIGN.md I1-I6
+    invariant: str  # which invariant it defends (a fault: the one it breaks), docs/INVARIANTS.md I1-I6
     label: str  # what an operator reads
     help: str  # one line: what it does
 

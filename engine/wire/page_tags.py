@@ -1,4 +1,4 @@
-"""Page states and writer tags (DESIGN.md, "Pages, tags and the isolation invariants").
+"""Page states and writer tags (docs/INVARIANTS.md).
 
 A writer tag packs (slot, epoch) into one int64 so that a kernel can compare it with
 the reader's expected tag in one load. `epoch` is the page's allocation counter, so a

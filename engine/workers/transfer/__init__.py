@@ -1,4 +1,4 @@
-"""KV transfer from a prefill pool to a decode pool (DESIGN.md invariants I3 and I4).
+"""KV transfer from a prefill pool to a decode pool (invariants I3 and I4: docs/INVARIANTS.md).
 
 The decode worker reserves pages for a request and describes its prompt pages in a
 Reservation (manifest.py). The prefill worker sends the prompt's pages as chunk messages
