@@ -24,8 +24,7 @@ snapshots is not seen. The worker side does nothing.
 
 extra config keys: control (ROUTER endpoint, loopback unless CURVE, default
 tcp://127.0.0.1:7600), telemetry (XPUB endpoint, default control's port + 1),
-snapshot_period_s (default 0.05), test_fault (tests only; needs PAGEWARDEN_ALLOW_FAULTS=1:
-swap_block, ref_drop, extra_block, share_partial; each breaks vLLM's state once, on purpose).
+snapshot_period_s (default 0.05), test_fault (tests only: engine/vllm_agent/test_faults.py).
 """
 
 from __future__ import annotations
@@ -43,11 +42,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from engine.vllm_agent.checks import capacity_finding
+from engine.vllm_agent import test_faults
 from engine.vllm_agent.snapshot import BlockView, PoolSnapshot, RequestView
 
 logger = logging.getLogger(__name__)
 DEFAULT_CONTROL = "tcp://127.0.0.1:7600"
-TEST_FAULTS = ("swap_block", "ref_drop", "extra_block", "share_partial")
+TEST_FAULTS = test_faults.AGENT_FAULTS
 HASH_GROUP_SUFFIX = 4  # vLLM's BlockHashWithGroupId: the block hash, then a 4-byte group id
 
 
@@ -73,10 +73,7 @@ class PageWardenConnector(KVConnectorBase_V1):
         if not 0.0 <= self.period <= 60.0:
             raise ValueError(f"snapshot_period_s {self.period:g} is out of range: 0 to 60 seconds")
         self.fault = extra.get("test_fault")
-        faults_allowed = os.environ.get("PAGEWARDEN_ALLOW_FAULTS") == "1"
-        if self.fault is not None and (self.fault not in TEST_FAULTS or not faults_allowed):
-            raise ValueError(f"test_fault {self.fault!r} refused: one of {', '.join(TEST_FAULTS)}, and only with "
-                             "PAGEWARDEN_ALLOW_FAULTS=1 (a test breaking vLLM's state on purpose)")
+        test_faults.refuse_unless_allowed(self.fault, test_faults.AGENT_FAULTS, "a test breaking vLLM's state on purpose")
         if self._kv_transfer_config.is_kv_consumer:
             logger.warning("PageWarden agent: kv_role %r makes vLLM defer block frees by a step; the agent loads "
                            "no KV, so kv_producer is enough (docs/vllm-agent.md)", self._kv_transfer_config.kv_role)
@@ -127,8 +124,9 @@ class PageWardenConnector(KVConnectorBase_V1):
         now = time.monotonic()
         if self.server is not None and not self.server.paused and now - self._last >= self.period:
             self._last = now
-            if self.fault and not self.fault_applied:
-                self._apply_fault()
+            if self.fault and not self.fault_applied and test_faults.break_scheduler_state(
+                    self.fault, self.manager, self.block_pool, self._live):
+                self.fault_applied = self.fault
             self._offer(scheduler_output.num_scheduled_tokens)
         return _NoMeta()
 
@@ -188,28 +186,6 @@ class PageWardenConnector(KVConnectorBase_V1):
         finished, self._finished = self._finished, {}
         return PoolSnapshot(time.time(), self._step, self.block_pool.num_gpu_blocks, self.block_size, requests,
                             blocks, finished, waiting=len(self._live) - len(requests))
-
-    def _apply_fault(self) -> None:
-        """Break vLLM's scheduler state once, on purpose (tests only; see TEST_FAULTS)."""
-        tables = [(rid, t) for rid, t in self.manager.req_to_blocks.items() if rid in self._live and t]
-        full = [(rid, t) for rid, t in tables if len(t) >= 2 and t[0].block_hash is not None]
-        if self.fault == "swap_block" and len(full) >= 2 and full[0][1][0] is not full[1][1][0]:
-            (_, a), (_, b) = full[0], full[1]
-            a[0], b[0] = b[0], a[0]
-        elif self.fault == "ref_drop" and full:
-            full[0][1][0].ref_cnt -= 1
-        elif self.fault == "extra_block" and tables:
-            tables[0][1].extend(self.block_pool.get_new_blocks(1))
-        elif self.fault == "share_partial" and len(tables) >= 2:
-            (_, a), (_, b) = tables[0], tables[1]
-            partial = b[-1]
-            if partial.block_hash is not None:
-                return
-            partial.ref_cnt += 1
-            a.append(partial)
-        else:
-            return
-        self.fault_applied = self.fault
 
     def shutdown(self) -> None:
         if self.server is not None:

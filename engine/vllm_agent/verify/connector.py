@@ -30,11 +30,8 @@ On top:
 
 extra config keys: inner (required), verify (default true; false keeps the bookkeeping and
 checks nothing, for measuring), agent (optional: PageWardenConnector's extra config; the
-agent then runs beside, maps the pool and raises the alerts), test_fault (tests only, needs
-PAGEWARDEN_ALLOW_FAULTS=1: "short_transfer" makes each consumer load leave its last
-`fault_blocks` blocks (default 2; never the first) unwritten while the inner reports it done;
-"per_request" lets each request's kv_transfer_params say, under "pagewarden_test", whether it
-gets that fault and whether it is checked, so that one consumer serves a test's every row).
+agent then runs beside, maps the pool and raises the alerts), test_fault and fault_blocks
+(tests only: engine/vllm_agent/test_faults.py).
 
 Only one KV cache group and tensor parallel 1 have been run (vLLM 0.32 CPU).
 """
@@ -60,14 +57,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 import numpy as np
 
+from engine.vllm_agent import test_faults
 from engine.vllm_agent.verify import manifest as mf
 from engine.vllm_agent.verify.digest import (combine, copy_blocks, digest_blocks, layer_digests, put_blocks,
                                              scrub_blocks)
 
 logger = logging.getLogger("vllm.pagewarden.verify")  # a child of vLLM's logger: its handler, level and format
 COST_LOG_PERIOD_S = 10.0  # how often a worker logs what its own checks have cost so far (when they ran)
-TEST_FAULTS = ("short_transfer", "per_request")
-TEST_KEY = "pagewarden_test"  # per_request: {"fault": bool, "verify": bool} in kv_transfer_params
+TEST_FAULTS = test_faults.TRANSFER_FAULTS
+TEST_KEY = test_faults.TEST_KEY
 MASK64 = (1 << 64) - 1
 
 
@@ -125,9 +123,7 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
                              'moves the KV, e.g. {"kv_connector": "ExampleConnector", ...}')
         self.verify = bool(extra.get("verify", True))
         self.fault = extra.get("test_fault")
-        if self.fault is not None and (self.fault not in TEST_FAULTS or os.environ.get("PAGEWARDEN_ALLOW_FAULTS") != "1"):
-            raise ValueError(f"test_fault {self.fault!r} refused: one of {', '.join(TEST_FAULTS)}, and only with "
-                             "PAGEWARDEN_ALLOW_FAULTS=1 (a test breaking the transfer on purpose)")
+        test_faults.refuse_unless_allowed(self.fault, TEST_FAULTS, "a test breaking the transfer on purpose")
         self.fault_blocks = int(extra.get("fault_blocks", 2))
         self.block_size = int(vllm_config.cache_config.block_size)
         self.inner = self._build(vllm_config, {"kv_role": ktc.kv_role, **inner}, role, kv_cache_config)
@@ -305,13 +301,8 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
         self._findings.append(finding)
 
     def _fault_before(self, tasks: list[CheckTask], layers):
-        ids = []
-        for task in (t for t in tasks if t.fault):  # the first loaded block stays written: the reply starts out right
-            left = task.blocks.block_ids[max(1, len(task.blocks.block_ids) - self.fault_blocks):]
-            if left:
-                ids += left
-                logger.warning("PageWarden test fault short_transfer: request %s: blocks %s left unwritten, the "
-                               "load reported finished", task.blocks.request_id, left)
+        ids = [b for t in tasks if t.fault
+               for b in test_faults.unwritten_blocks(t.blocks.request_id, t.blocks.block_ids, self.fault_blocks)]
         return (ids, copy_blocks(layers, ids)) if ids else None
 
     @staticmethod
@@ -400,14 +391,8 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
         return CheckTask(blocks, [expected[p] for p in positions], "", is_async, verify, fault)
 
     def _test_switches(self, request) -> tuple[bool, bool]:
-        """(check this load, give it the test fault). Only a test started with test_fault
-        "per_request" (and PAGEWARDEN_ALLOW_FAULTS=1) lets a request choose; anywhere else
-        the switches in a request's params are ignored."""
-        if self.fault != "per_request":
-            return self.verify, self.fault == "short_transfer"
-        params = request.kv_transfer_params if isinstance(request.kv_transfer_params, dict) else {}
-        test = params.get(TEST_KEY) if isinstance(params.get(TEST_KEY), dict) else {}
-        return self.verify and test.get("verify", True) is not False, test.get("fault") is True
+        """(check this load, give it the test fault): test_faults.switches."""
+        return test_faults.switches(self.fault, self.verify, request.kv_transfer_params)
 
     def update_connector_output(self, connector_output) -> None:
         meta = connector_output.kv_connector_worker_meta
