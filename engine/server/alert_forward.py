@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 from urllib.parse import urlsplit, urlunsplit
 
 from engine.wire.alert_kinds import BY_NAME
+from engine.wire.states import AlertState
 
 API_PATH = "/api/v2/alerts"
 MAX_BATCH = 64  # alerts per POST
@@ -119,7 +120,7 @@ def to_alertmanager(record: dict, *, instance: str, generator_url: str = "") -> 
     if record.get("subject"):
         annotations["subject"] = _clip(str(record["subject"]), SUMMARY_CHARS)
     alert = {"labels": labels, "annotations": annotations, "startsAt": rfc3339(record["first_seen"])}
-    if record.get("state") == "resolved":
+    if record.get("state") == AlertState.RESOLVED:
         alert["endsAt"] = rfc3339(record.get("resolved_at") or time.time())
     if generator_url:
         alert["generatorURL"] = generator_url
@@ -216,7 +217,7 @@ class AlertForwarder:
         A firing alert is due at once when it is new (a new episode, or another severity);
         a repeat of one already sent only refreshes what the next resend carries."""
         state = record.get("state")
-        if not self.url or state not in ("firing", "resolved"):
+        if not self.url or state not in (AlertState.FIRING, AlertState.RESOLVED):
             return
         alert = to_alertmanager(record, instance=self.instance, generator_url=self.generator_url)
         aid = str(record["id"])
@@ -225,7 +226,7 @@ class AlertForwarder:
             if known is not None and _fingerprint(known.alert) != _fingerprint(alert) and known.last_sent:
                 # severity is a label: to Alertmanager the old one is another alert, which ends now
                 self._end({**known.alert, "endsAt": rfc3339(time.time())})
-            if state == "resolved":
+            if state == AlertState.RESOLVED:
                 if known is not None and known.last_sent:  # (one never sent needs no end)
                     self._end(alert)
             else:

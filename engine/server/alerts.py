@@ -20,6 +20,7 @@ import time
 from collections import OrderedDict, deque
 
 from engine.wire.alert_kinds import ISOLATION_KINDS, SEVERITIES, alert_kind, check_severity
+from engine.wire.states import AlertState
 
 QUIET_RESOLVE_S = 60.0
 MAX_ALERTS = 1_000  # past this, the lowest-severity, oldest alerts go first
@@ -51,16 +52,16 @@ class AlertBook:
 
     def fire(self, kind: str, severity: str, detail: str, *, subject: str = "", condition: bool = False,
              requests=(), pages=(), **fields) -> dict:
-        return self._set("firing", kind, severity, detail, subject, condition, requests, pages, fields)
+        return self._set(AlertState.FIRING, kind, severity, detail, subject, condition, requests, pages, fields)
 
     def pending(self, kind: str, severity: str, detail: str, *, subject: str = "", **fields) -> dict:
-        return self._set("pending", kind, severity, detail, subject, True, (), (), fields)
+        return self._set(AlertState.PENDING, kind, severity, detail, subject, True, (), (), fields)
 
     def resolve(self, kind: str, subject: str = "") -> None:
         record = self.alerts.get(_alert_id(kind, subject))
-        if record is not None and record["state"] != "resolved":
-            record["state"], record["resolved_at"] = "resolved", time.time()
-            _transition(record, "resolved", record["resolved_at"])
+        if record is not None and record["state"] != AlertState.RESOLVED:
+            record["state"], record["resolved_at"] = AlertState.RESOLVED, time.time()
+            _transition(record, AlertState.RESOLVED, record["resolved_at"])
             self.changed(record)
             self.publish(dict(record))
 
@@ -88,10 +89,10 @@ class AlertBook:
         now = time.time() if now is None else now
         self.flush(now)
         for aid, record in self.alerts.items():
-            if (aid not in self.conditions and record["state"] == "firing"
+            if (aid not in self.conditions and record["state"] == AlertState.FIRING
                     and now - record["last_seen"] > QUIET_RESOLVE_S):
-                record["state"], record["resolved_at"] = "resolved", now
-                _transition(record, "resolved", now)
+                record["state"], record["resolved_at"] = AlertState.RESOLVED, now
+                _transition(record, AlertState.RESOLVED, now)
                 self.changed(record)
                 self.publish(dict(record))
 
@@ -123,7 +124,7 @@ class AlertBook:
         aid = _alert_id(kind, subject)
         now = time.time()
         record = self.alerts.get(aid)
-        if record is None or (record["state"] == "resolved" and state != "resolved"):
+        if record is None or (record["state"] == AlertState.RESOLVED and state != AlertState.RESOLVED):
             # a new episode: a resolved alert that comes back needs a fresh look; the one it
             # follows is kept whole
             if record is not None:
@@ -147,7 +148,7 @@ class AlertBook:
             record["prevented_counts"] = counts  # a new dict: the journal's writer may be reading the old one
         record.update(fields)
         record.update(state=state, severity=severity, detail=detail, last_seen=now)
-        record["count"] += state == "firing"
+        record["count"] += state == AlertState.FIRING
         requests, pages = [str(r) for r in requests], [int(p) for p in pages]
         record["requests"] = _bounded(record["requests"], requests)
         record["pages"] = _bounded(record["pages"], pages)
@@ -187,7 +188,7 @@ class AlertBook:
         if unprotected:
             victim = min(unprotected)[2]
         elif len(self.alerts) > MAX_PROTECTED:
-            victim = min(self.alerts, key=lambda a: self.alerts[a]["state"] != "resolved")  # oldest first
+            victim = min(self.alerts, key=lambda a: self.alerts[a]["state"] != AlertState.RESOLVED)  # oldest first
         else:
             return False
         del self.alerts[victim]  # the journal keeps it; memory keeps the evidence that matters

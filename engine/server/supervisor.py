@@ -35,10 +35,9 @@ from engine.server.metrics import MetricsWindow
 from engine.server.prompt_text import PromptTokenizer
 from engine.server.request_book import RequestBook
 from engine.server.request_record import RequestRecord
-from engine.wire.states import Phase
+from engine.wire.states import Phase, Topic, WorkerState
 from engine.server.telemetry import TelemetryPublisher
 from engine.server.worker_handle import WorkerHandle
-from engine.wire.states import WorkerState
 from engine.server.worker_pool import WorkerPool
 from engine.wire.protocol import CANARY_TENANT, ProtocolError, error_reply, message_id, pack, unpack
 from engine.wire.roles import DEFAULT_LOCAL_ROLE, check_role
@@ -485,7 +484,7 @@ class Supervisor:
             self.progressed.clear()
         if now - self._last["metrics"] >= METRICS_PERIOD_S:
             self._last["metrics"] = now
-            self.telemetry.publish("metrics", {**self.metrics.snapshot(now), **self.load()})
+            self.telemetry.publish(Topic.METRICS, {**self.metrics.snapshot(now), **self.load()})
         if now - self._last["workers"] >= WORKERS_PERIOD_S:
             self.publish_workers()
             self.broadcast({"op": "ping"})  # workers that hear nothing for long assume we died
@@ -534,7 +533,7 @@ class Supervisor:
     def publish_workers(self) -> None:
         self._last["workers"] = time.monotonic()
         workers = [w.describe() for w in self.workers.values()]
-        self.telemetry.publish("workers", {"workers": workers})
+        self.telemetry.publish(Topic.WORKERS, {"workers": workers})
         self.evidence.changed("workers", workers, tuple((w["name"], w["state"], w["pid"], w["restarts"])
                                                         for w in workers))
 
@@ -550,11 +549,11 @@ class Supervisor:
             else:
                 self.alerts.resolve("capacity_exceeds_window", finding.limit)
         findings = [f.to_dict() for f in self.findings]
-        self.telemetry.publish("capacity", {"findings": findings, "exceeds": bool(exceeding(self.findings))})
+        self.telemetry.publish(Topic.CAPACITY, {"findings": findings, "exceeds": bool(exceeding(self.findings))})
         self.evidence.changed("findings", findings, repr(findings))
 
     def publish_request(self, rec: RequestRecord) -> None:
-        self.telemetry.publish("requests", rec.describe())
+        self.telemetry.publish(Topic.REQUESTS, rec.describe())
 
     def alert(self, kind: str, severity: str, detail: str, *, subject: str = "", condition: bool = False,
               **fields) -> None:
@@ -568,7 +567,7 @@ class Supervisor:
                 self.audit.record(rid, f"alert:{kind}", prevented=fields.get("prevented"), detail=detail, role=role)
 
     def _alert_changed(self, record: dict) -> None:
-        self.telemetry.publish("alerts", record)
+        self.telemetry.publish(Topic.ALERTS, record)
         if not record.get("previous_run"):
             self.forwarder.offer(record)  # memory only: the POST happens in the forwarder's thread
 

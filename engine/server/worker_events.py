@@ -43,9 +43,9 @@ class WorkerEvents:
         sup.alerts.resolve("worker_crashed", worker.name)
         fallback = msg.header.get("kernels_fallback")
         if isinstance(fallback, str) and fallback:
-            sup.alerts.fire("slow_kernels", "warning",
-                            f"worker {worker.name} computes with the torch reference kernels, several times slower: "
-                            f"the CPU module could not be built ({fallback[:300]})", subject=worker.name)
+            sup.alert("slow_kernels", "warning",
+                      f"worker {worker.name} computes with the torch reference kernels, several times slower: the "
+                      f"CPU module could not be built ({fallback[:300]})", subject=worker.name)
         else:
             sup.alerts.resolve("slow_kernels", worker.name)
         sup.to_worker(worker, {"op": "telemetry", "pages": sup.telemetry.wants_pages()})

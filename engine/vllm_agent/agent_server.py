@@ -34,7 +34,7 @@ from engine.vllm_agent.page_book import POOL, PageBook
 from engine.vllm_agent.snapshot import PoolSnapshot
 from engine.wire.protocol import ProtocolError, error_reply, message_id, reply, unpack
 from engine.wire.sockets import bind_endpoint, drain, harden
-from engine.wire.states import Topic, pages_topic
+from engine.wire.states import Topic, WorkerState, pages_topic
 
 KEYFRAME_PERIOD_S = 5.0
 METRICS_PERIOD_S = 1.0
@@ -52,7 +52,7 @@ class AgentServer:
         self.control_endpoint = bind_endpoint(self.control, control)
         self.telemetry_endpoint = bind_endpoint(self.pub, telemetry)
         self.telemetry = TelemetryPublisher(self.pub)
-        self.alerts = AlertBook(lambda record: self.telemetry.publish("alerts", record))
+        self.alerts = AlertBook(lambda record: self.telemetry.publish(Topic.ALERTS, record))
         self.book = PageBook(num_blocks, block_size)
         self.facts, self.capacity = facts, capacity
         self.started = time.time()
@@ -162,7 +162,7 @@ class AgentServer:
         if len(changed):
             self._pending.append(changed)
         for record in records:
-            self.telemetry.publish("requests", record)
+            self.telemetry.publish(Topic.REQUESTS, record)
 
     def _publish_pages(self) -> None:
         now = time.monotonic()
@@ -187,7 +187,7 @@ class AgentServer:
         while self._tokens and now - self._tokens[0][0] > 1.0:
             self._tokens.popleft()
         snap = self._latest
-        self.telemetry.publish("metrics", {
+        self.telemetry.publish(Topic.METRICS, {
             "tokens_per_s": float(sum(n for _, n in self._tokens)),
             "running": len(snap.requests) if snap else 0, "queue_depth": snap.waiting if snap else 0,
             "pools": {POOL: {"pages": self.book.num_blocks, "used_pages": self.book.used()}}})
@@ -229,7 +229,7 @@ class AgentServer:
         self.control.send_multipart([identity, *reply(msg_id, result)])
 
     def status(self, brief: bool = False) -> dict:
-        worker = {"name": "vllm", "role": "vllm", "state": "ready", "pid": self.facts.get("pid"),
+        worker = {"name": "vllm", "role": "vllm", "state": WorkerState.READY, "pid": self.facts.get("pid"),
                   "device": self.facts.get("device"), "inflight": self.book.live(),
                   "pool": {"name": POOL, "pages": self.book.num_blocks, "page_size": self.book.block_size,
                            "used_pages": self.book.used()}}

@@ -46,7 +46,7 @@ WORKER_STARTABLE = (WorkerState.STOPPED, WorkerState.CRASHED)  # an operator may
 
 
 class AlertState(enum.StrEnum):
-    PENDING = "pending"  # seen, not yet for long enough to fire (its kind's `for`)
+    PENDING = "pending"  # a condition seen but not yet confirmed (a worker silent past its first bound)
     FIRING = "firing"
     RESOLVED = "resolved"
 
