@@ -17,8 +17,6 @@ from engine.server.alert_forward import shown_changes, shown_config
 from engine.server.prompt_text import TokenizeJob, check_prompt_bytes
 from engine.server.reconfigure import reconfigure
 from engine.server.request_record import RequestRecord
-from engine.wire.states import Phase
-from engine.wire.states import WorkerState
 from engine.wire.protocol import (
     CANARY_PREFIX,
     CANARY_TENANT,
@@ -31,6 +29,7 @@ from engine.wire.protocol import (
     reply,
 )
 from engine.wire.roles import CLIENT_OPS, OP_ROLES, allows
+from engine.wire.states import Phase, WorkerState
 
 MAX_PROMPT_TOKENS = 1 << 21
 # Settings a worker applies between steps; anything else in [engine] or [pools] restarts it.

@@ -35,13 +35,13 @@ from engine.server.metrics import MetricsWindow
 from engine.server.prompt_text import PromptTokenizer
 from engine.server.request_book import RequestBook
 from engine.server.request_record import RequestRecord
-from engine.wire.states import Phase, Topic, WorkerState
 from engine.server.telemetry import TelemetryPublisher
 from engine.server.worker_handle import WorkerHandle
 from engine.server.worker_pool import WorkerPool
 from engine.wire.protocol import CANARY_TENANT, ProtocolError, error_reply, message_id, pack, unpack
 from engine.wire.roles import DEFAULT_LOCAL_ROLE, check_role
 from engine.wire.sockets import bind_endpoint, drain, harden
+from engine.wire.states import Phase, Topic, WorkerState
 
 DEFAULT_BIND = "tcp://127.0.0.1:5650"
 METRICS_PERIOD_S = 1.0

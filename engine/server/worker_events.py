@@ -5,10 +5,9 @@ from __future__ import annotations
 import time
 
 from engine.server.reconfigure import worker_ready
-from engine.wire.states import Phase
 from engine.server.worker_handle import WorkerHandle
-from engine.wire.states import WorkerState
 from engine.wire.protocol import Message, ProtocolError, field_of
+from engine.wire.states import Phase, WorkerState
 
 
 class WorkerEvents:
