@@ -38,6 +38,7 @@ from engine.server.request_record import RequestRecord
 from engine.server.telemetry import TelemetryPublisher
 from engine.server.worker_handle import WorkerHandle
 from engine.server.worker_pool import WorkerPool
+from engine.wire.bus_ops import TO_WORKER, check_op
 from engine.wire.protocol import CANARY_TENANT, ProtocolError, error_reply, message_id, pack, unpack
 from engine.wire.roles import DEFAULT_LOCAL_ROLE, check_role
 from engine.wire.sockets import bind_endpoint, drain, harden
@@ -276,6 +277,7 @@ class Supervisor:
         self.control.send_multipart([identity, *frames], copy=False)
 
     def to_worker(self, worker: WorkerHandle, header: dict, arrays=None) -> None:
+        check_op(header["op"], TO_WORKER, "to a worker")
         self.bus.send_multipart([worker.identity, *pack(header, arrays)], copy=False)
 
     def broadcast(self, header: dict) -> None:

@@ -6,6 +6,7 @@ import time
 
 from engine.server.reconfigure import worker_ready
 from engine.server.worker_handle import WorkerHandle
+from engine.wire.bus_ops import TO_SUPERVISOR
 from engine.wire.protocol import Message, ProtocolError, field_of
 from engine.wire.states import Phase, WorkerState
 
@@ -24,7 +25,7 @@ class WorkerEvents:
         if worker.state not in (WorkerState.READY, WorkerState.DRAINING, WorkerState.STOPPING):
             raise ProtocolError(f"worker {worker.name} spoke before a valid hello")
         worker.last_seen = time.monotonic()
-        handler = getattr(self, f"on_{msg.op}", None)
+        handler = getattr(self, f"on_{msg.op}", None) if msg.op in TO_SUPERVISOR else None
         if handler is None:
             raise ProtocolError(f"unknown worker op {msg.op!r} from {worker.name}")
         if msg.op == "pages":

@@ -13,6 +13,7 @@ import zmq
 from engine.config import CORE_SLOTS, EngineConfig
 from engine.core import Engine
 from engine.errors import PageWardenError
+from engine.wire.bus_ops import TO_SUPERVISOR, check_op
 from engine.wire.protocol import Message, ProtocolError, pack, page_arrays, unpack
 from engine.wire.sockets import drain, harden
 from engine.workers.core_share import CoreShare, worth_sharing
@@ -51,6 +52,7 @@ class WorkerLoop:
 
     # ---- sending ----------------------------------------------------------------------
     def send(self, header: dict, arrays: dict | None = None) -> None:
+        check_op(header["op"], TO_SUPERVISOR, "to the supervisor")
         self.bus.send_multipart(pack(header, arrays), copy=False)
 
     def alert(self, kind: str, severity: str, detail: str, **fields) -> None:

@@ -188,8 +188,7 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
         saved = self._fault_before(now, layers)
         self.inner.start_load_kv(forward_context, **kwargs)
         self._fault_after(saved, layers)
-        for task in now:
-            self._check(task, layers)
+        self._check(now, layers)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         self.inner.wait_for_layer_load(layer_name)
@@ -229,7 +228,7 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
             task = self._pending.pop(rid)
             if rid in results.failed_recving:
                 continue  # the inner failed it itself: vLLM recomputes it already
-            self._check(task, self._layers)
+            self._check([task], self._layers)
         return results
 
     def get_block_ids_with_load_errors(self) -> set[int]:
@@ -272,28 +271,37 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
             self._done_digests.setdefault(rid, {})[position] = int(combine(parts)[0])
         self._layer_digests = {}
 
-    def _check(self, task: CheckTask, layers) -> None:
-        blocks = task.blocks
-        if not task.verify or not blocks.block_ids:
+    def _check(self, tasks: list[CheckTask], layers) -> None:
+        """Digest every loaded block of these loads (one call per layer for them all) and
+        compare each load with its manifest."""
+        tasks = [t for t in tasks if t.verify and t.blocks.block_ids]
+        if not tasks:
             return
         start = time.perf_counter()
         try:
-            self._compare(task, layers)
+            known = [t for t in tasks if t.expected is not None]
+            ids = [b for t in known for b in t.blocks.block_ids]
+            rows = [r for t in known for r in t.blocks.rows]
+            try:
+                digests, ok = digest_blocks(layers, ids, rows, self.block_size) if ids else ([], [])
+            except Exception:  # a check that cannot run fails its blocks; it never takes vLLM down
+                logger.exception("PageWarden: checking the loaded blocks of requests %s failed",
+                                 ", ".join(t.blocks.request_id for t in known)[:300])
+                digests, ok = [0] * len(ids), [False] * len(ids)
+            at = 0
+            for task in tasks:
+                n = len(task.blocks.block_ids) if task.expected is not None else 0
+                self._compare(task, layers, [int(d) for d in digests[at:at + n]], list(ok[at:at + n]))
+                at += n
         finally:
             self.worker_cost["check_s"] += time.perf_counter() - start
-            self.worker_cost["blocks_checked"] += len(blocks.block_ids)
+            self.worker_cost["blocks_checked"] += sum(len(t.blocks.block_ids) for t in tasks)
 
-    def _compare(self, task: CheckTask, layers) -> None:
+    def _compare(self, task: CheckTask, layers, found: list[int], ok: list[bool]) -> None:
         blocks = task.blocks
         if task.expected is None:
-            bad, found = list(range(len(blocks.block_ids))), []
+            bad = list(range(len(blocks.block_ids)))
         else:
-            try:
-                digests, ok = digest_blocks(layers, blocks.block_ids, blocks.rows, self.block_size)
-            except Exception:  # a check that cannot run fails its blocks; it never takes vLLM down
-                logger.exception("PageWarden: checking request %s's loaded blocks failed", blocks.request_id)
-                digests, ok = [0] * len(blocks.block_ids), [False] * len(blocks.block_ids)
-            found = [int(d) for d in digests]
             bad = [i for i, want in enumerate(task.expected) if not ok[i] or found[i] != want]
         finding = {"request": blocks.request_id, "checked": len(blocks.block_ids), "reason": task.reason,
                    "blocks": [blocks.block_ids[i] for i in bad], "positions": [blocks.positions[i] for i in bad],
