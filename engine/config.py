@@ -187,10 +187,15 @@ class EngineConfig:
         }
 
     def dangerous(self) -> list[str]:
-        """Defences turned off and faults turned on: what needs --allow-faults."""
+        """Defences turned off and faults turned on, and the two engine keys that switch an
+        invariant's enforcement off by another name (I1's abort, I5's scrub): what needs
+        --allow-faults."""
         off = [f"defences.{k} = false" for k, v in dataclasses.asdict(self.defences).items() if not v]
         on = [f"faults.{k} = true" for k, v in dataclasses.asdict(self.faults).items() if v]
-        return off + on
+        weaker = ([f"engine.ownership_policy = {self.engine.ownership_policy!r}"]
+                  if self.engine.ownership_policy != "abort" else [])
+        weaker += [f"engine.scrub_policy = {self.engine.scrub_policy!r}"] if self.engine.scrub_policy == "none" else []
+        return off + on + weaker
 
     def check_faults_allowed(self, allow_faults: bool) -> None:
         """Raises ConfigError naming each defence turned off or fault turned on, unless allowed."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from engine.config import DEFAULT_CONFIG_PATH, config_from_dict, load_config
+from engine.config import DEFAULT_CONFIG_PATH, EngineConfig, config_from_dict, load_config
 from engine.errors import ConfigError
 
 BASE = {"pools": {"prefill": {"pages": 8}, "decode": {"pages": 8}}}
@@ -116,3 +118,17 @@ def test_replace_validates_and_keeps_the_rest():
     with pytest.raises(ConfigError, match="unknown section 'engin'"):
         cfg.replace(engin={})
     assert config_from_dict(cfg.to_dict()) == cfg.replace()
+
+
+def test_switching_an_invariant_off_by_an_engine_key_needs_allow_faults_too():
+    base = EngineConfig()
+    assert base.dangerous() == []
+    for change, named in (({"ownership_policy": "report_only"}, "engine.ownership_policy = 'report_only'"),
+                          ({"scrub_policy": "none"}, "engine.scrub_policy = 'none'")):
+        config = base.replace(engine=change)
+        assert config.dangerous() == [named]
+        with pytest.raises(ConfigError, match=re.escape(named) + ".*needs `serve --allow-faults`"):
+            config.check_faults_allowed(False)
+        config.check_faults_allowed(True)
+    assert base.replace(engine={"scrub_policy": "poison"}).dangerous() == []  # NaN scrub is still a scrub
+

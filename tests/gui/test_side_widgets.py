@@ -489,3 +489,13 @@ def test_the_faults_banner_names_every_defence_off_and_fault_on(qtbot):
     lines = banner.shown_lines()
     assert not banner.isHidden() and lines[0].startswith("Defences OFF: Writer-tag check (I1)")
     assert "Scrub (I5)" in lines[0] and lines[1] == "Faults ON: skip scrub"
+
+
+def test_the_faults_banner_names_an_invariant_switched_off_by_an_engine_key():
+    from gui.widgets.faults_banner import weakened
+
+    off, on = weakened({"engine": {"ownership_policy": "report_only", "scrub_policy": "none"}, "defences": {},
+                        "faults": {}})
+    assert on == [] and any("I1" in line and "report_only" in line for line in off)
+    assert any("I5" in line and "scrub_policy = none" in line for line in off)
+    assert weakened({"engine": {"ownership_policy": "abort", "scrub_policy": "zero"}}) == ([], [])
