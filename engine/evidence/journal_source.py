@@ -8,10 +8,10 @@ are gone.
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 from engine.evidence.journal_read import JournalError, JournalReader
+from engine.evidence.keyframe_arrays import read_keyframe
 
 NO_KEYFRAME = "no keyframe in the journal"
 FIRST_KEYFRAMES = 16  # keyframes a `history` answer carries (the window's first: the first crossings)
@@ -88,22 +88,18 @@ class JournalSource:
         return self.reader.count_keyframes(since, until, self.run_ids)
 
     def page_metadata(self, pool: str) -> dict:
-        import numpy as np
-
         arrays = self.reader.latest_keyframe(pool, self.until, self.run_ids)
         if arrays is None:
             raise JournalError(f"the journal holds no keyframe of pool {pool!r}")
-        with np.load(io.BytesIO(arrays), allow_pickle=False) as npz:
-            return {name: npz[name].copy() for name in npz.files}
+        return read_keyframe(arrays, f"the journal's latest keyframe of pool {pool!r}")
 
     def keyframes(self, since: float | None = None, until: float | None = None,
                   first: int | None = FIRST_KEYFRAMES) -> list[dict]:
         """The window's first `first` keyframes with their arrays decoded (the first-crossing maps)."""
-        import numpy as np
-
         out = []
         for frame in self.reader.keyframes(since, until, self.run_ids, limit=first):
-            with np.load(io.BytesIO(frame["arrays"]), allow_pickle=False) as npz:
-                out.append({**{k: v for k, v in frame.items() if k != "arrays"},
-                            **{name: npz[name].tolist() for name in npz.files}})
+            arrays = read_keyframe(frame["arrays"], f"the journal's keyframe of pool {frame.get('pool')!r} at "
+                                                    f"{frame.get('time')}")
+            out.append({**{k: v for k, v in frame.items() if k != "arrays"},
+                        **{name: a.tolist() for name, a in arrays.items()}})
         return out
