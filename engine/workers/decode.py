@@ -47,7 +47,6 @@ class DecodeWorker(WorkerLoop):
         super().apply_guard(config)
         self.receiver.verify_manifest = config.defences.manifest_check
         self.receiver.verify_ownership = config.defences.deferred_release
-        self.deferred_release = config.defences.deferred_release
         self.faults = config.faults
 
     def hello(self) -> dict:
