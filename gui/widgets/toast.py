@@ -7,6 +7,8 @@ it follows its alerts and pops a card for each newly firing one.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
 
@@ -17,6 +19,7 @@ from gui.widgets.state_view import StateView
 MARGIN = 12
 SPACING = 6
 WIDTH = 340
+PER_KIND = 2  # cards of one kind from one batch of new alerts; past it, one card says how many
 
 
 class ToastCard(QFrame):
@@ -74,9 +77,20 @@ class Toast(StateView, QObject):
         return {"alerts": self.show_new_alerts}
 
     def show_new_alerts(self) -> None:
-        """A card for each alert newly firing in the state since the last call."""
+        """A card for each alert newly firing in the state since the last call; more than
+        PER_KIND of one kind at once are one card for the newest, saying how many came (a
+        faulted vLLM load raises one alert per request: 200 cards would hide the window)."""
+        by_kind: dict[str, list[AlertRow]] = {}
         for alert in self.state.take_new_alerts():
-            self.show_alert(alert)
+            by_kind.setdefault(alert.kind, []).append(alert)
+        for kind, alerts in by_kind.items():
+            if len(alerts) <= PER_KIND:
+                for alert in alerts:
+                    self.show_alert(alert)
+            else:
+                newest = alerts[-1]
+                self.show_alert(replace(newest, detail=f"{len(alerts)} new {kind} alerts (the Alerts tab lists "
+                                                       f"them all); the newest: {newest.detail}"))
 
     def show_alert(self, alert: AlertRow) -> ToastCard:
         """Pop a card for `alert`; it hides after duration_ms. The oldest goes beyond max_cards

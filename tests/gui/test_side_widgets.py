@@ -209,6 +209,28 @@ def test_toast_shows_stacks_and_hides(qtbot):
     qtbot.waitUntil(lambda: toast.cards() == [], timeout=3000)
 
 
+def test_a_flood_of_one_alert_kind_is_one_card_saying_how_many(qtbot):
+    host = QWidget()
+    host.resize(800, 600)
+    qtbot.addWidget(host)
+    host.show()
+    state = EngineState()
+    now = time.time()
+    for i in range(40):  # one transfer_mismatch per faulted request, as a faulted vLLM load raises them
+        send(state, "alerts", id=f"t{i}", kind="transfer_mismatch", severity="critical", state="firing",
+             detail=f"request r{i}: 2 of 3 loaded block(s) failed", requests=[f"r{i}"], pages=[i],
+             acked=False, time=now + i / 100)
+    send(state, "alerts", id="c0", kind="canary_leak", severity="critical", state="firing", detail="canary read",
+         requests=["r99"], pages=[1], acked=False, time=now + 1)
+    toast = Toast(host, duration_ms=60_000, state=state)
+    toast.show_new_alerts()
+    cards = toast.cards()
+    assert len(cards) == 2
+    flood = next(c for c in cards if "transfer_mismatch" in c.title.text())
+    assert flood.alert_id == "t39" and "40 new transfer_mismatch alerts" in flood.body.text()
+    assert "request r39" in flood.body.text()
+
+
 def test_toast_overflow_never_strands_a_card_and_text_is_whole(qtbot):
     """Seen in a screenshot: the card that pushed the stack past max_cards was dropped from
     the stack before it was shown, then shown at the window's top-left, over the menu bar,
