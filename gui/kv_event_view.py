@@ -58,6 +58,7 @@ class KvEventMixin:
             raise KvEventError(f"cannot connect to {', '.join(attach.endpoints)}: {exc}") from exc
         self.leave_kv_events()
         if self.transport is not None:
+            self._forget_answers(self.transport)
             self.transport.stop()
             self.transport = None
         self._leave_snapshot()

@@ -93,8 +93,8 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self.hosted = False
         self.connection = "disconnected"
         self.demo: DemoLoad | None = None
-        self._pending_reconfigure: dict[int, bool] = {}
-        self._scope_ticket: int | None = None
+        self._answers: dict[int, object] = {}  # ticket -> what to do with its answer (request's on_answer)
+        self._scope_asks = 0  # only the latest scope ask's answer is shown
         self._last_keyframe_ask = 0.0
         self.snapshot = None  # an OpenedSnapshot while the window shows a bundle
         self.export_job = None
@@ -270,6 +270,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         """Start showing the engine behind `transport` (a TransportThread, not yet started)."""
         self.leave_kv_events()
         if self.transport is not None:
+            self._forget_answers(self.transport)
             self.transport.stop()
         self.state = self.state if self.transport is None and self.snapshot is None else self._fresh_state()
         self._leave_snapshot()
@@ -334,24 +335,27 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
             self.ask_keyframe()
 
     def on_reply(self, ticket: int, op: str, result) -> None:
+        """An answer goes to what its request asked for (`on_answer`), else to the status line."""
+        on_answer = self._answers.pop(ticket, None)
         error = result.get("error") if isinstance(result, dict) else None
-        if op == "submit" and self.demo is not None:
-            self.demo.started(result["stream"])
-            return
-        if op == "scope" and ticket == self._scope_ticket:
-            self.alert_detail.show_scope([] if error else result.get("pairs", []))
-            return
-        if op == "reconfigure" and ticket in self._pending_reconfigure:
-            apply = self._pending_reconfigure.pop(ticket)
-            dialog = getattr(self, "reconfigure_dialog", None)
-            if dialog is not None:
-                dialog.show_error(error["message"]) if error else dialog.show_result(result)
-                if apply and not error:
-                    dialog.accept()
-            return
+        if on_answer is not None:
+            on_answer(result, error)
+        elif error:
+            self.show_message(f"{op} failed: {error.get('message')}", 15_000, "danger")
+
+    def _forget_answers(self, transport) -> None:
+        """A transport going away: its late answers reach nobody (the next one counts its
+        tickets from 1 again)."""
+        try:
+            transport.reply.disconnect(self.on_reply)
+        except (RuntimeError, TypeError):
+            pass
+        self._answers.clear()
+
+    def _worker_answered(self, op: str, result, error) -> None:
         if error:
             self.show_message(f"{op} failed: {error.get('message')}", 15_000, "danger")
-        elif op in ("start", "stop", "restart"):
+        else:
             self.show_message(f"{op} {result.get('name')}: {result.get('state')}", 8_000, "ok")
 
     def on_stream_event(self, msg) -> None:
@@ -389,20 +393,25 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self.export_action.setEnabled(connected and self.export_job is None)
 
     # ---- commands -----------------------------------------------------------------------
-    def request(self, op: str, **fields) -> int | None:
-        """Send a command through the transport; refused (None) in readonly mode or offline."""
+    def request(self, op: str, on_answer=None, **fields) -> int | None:
+        """Send a command through the transport; refused (None) in readonly mode or offline.
+        on_answer(result, error) gets its answer (error: the error map, or None); without one
+        an error is shown on the status line."""
         if self.transport is None:
             return None
         if (self.effective_readonly or self.snapshot is not None) and op not in READ_ONLY_OPS:
             return None  # behind a snapshot the engine is only listened to
-        return self.transport.request(op, **fields)
+        ticket = self.transport.request(op, **fields)
+        if on_answer is not None:
+            self._answers[ticket] = on_answer
+        return ticket
 
     def ask_keyframe(self) -> None:
         self._last_keyframe_ask = time.monotonic()
         self.request("keyframe")
 
     def worker_command(self, op: str, worker: str) -> None:
-        self.request(op, worker=worker)
+        self.request(op, lambda result, error: self._worker_answered(op, result, error), worker=worker)
 
     def _selected_worker(self, op: str) -> None:
         worker = self.workers_panel.selected_worker()
@@ -418,7 +427,14 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         if self.snapshot is not None:  # answered from the bundle
             self.alert_detail.show_scope(scope_pairs(self.snapshot, since, until))
             return
-        self._scope_ticket = self.request("scope", since=since, until=until, **({"run": run} if run else {}))
+        self._scope_asks += 1
+        ask = self._scope_asks
+
+        def answered(result, error) -> None:
+            if ask == self._scope_asks:  # a newer ask supersedes this one
+                self.alert_detail.show_scope([] if error else result.get("pairs", []))
+
+        self.request("scope", answered, since=since, until=until, **({"run": run} if run else {}))
 
     def select_request(self, request_id: str) -> None:
         """Select a request everywhere: the page maps highlight it, the table shows it."""
@@ -441,9 +457,14 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         dialog.open()
 
     def _reconfigure(self, changes: dict, apply: bool) -> None:
-        ticket = self.request("reconfigure", changes=changes, apply=apply)
-        if ticket is not None:
-            self._pending_reconfigure[ticket] = apply
+        def answered(result, error) -> None:
+            dialog = getattr(self, "reconfigure_dialog", None)
+            if dialog is not None:
+                dialog.show_error(error["message"]) if error else dialog.show_result(result)
+                if apply and not error:
+                    dialog.accept()
+
+        self.request("reconfigure", answered, changes=changes, apply=apply)
 
     def toggle_demo(self, on: bool) -> None:
         if on and not self.effective_readonly and not self.kv_mode:
@@ -455,6 +476,10 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
             self.demo = None
         self.demo_action.setChecked(self.demo is not None)
 
+    def _demo_started(self, demo, result) -> None:
+        if demo is self.demo:  # a demo turned off since: its answers are nobody's
+            demo.started(result["stream"])
+
     def _feed_demo(self) -> None:
         demo = self.demo
         if demo is None or self.connection != "connected":
@@ -462,7 +487,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         for _ in range(4):
             if not demo.want_more() or len(demo.inflight) + demo.sent - demo.finished > demo.max_inflight * 2:
                 break
-            self.request("submit", **demo.next_request())
+            self.request("submit", lambda result, error, d=demo: self._demo_started(d, result), **demo.next_request())
 
     # ---- attach dialog, recent engines, theme, readonly, about --------------------------
     def open_attach(self) -> None:

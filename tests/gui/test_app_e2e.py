@@ -114,7 +114,7 @@ def test_capacity_banner_until_a_reconfigure_fixes_it(start_server, open_window,
     dialog = window.reconfigure_dialog
     changes = {"pools": {"prefill": {"pages": 128}}}
     dialog.validate_requested.emit(changes)
-    qtbot.waitUntil(lambda: not window._pending_reconfigure, timeout=10_000)
+    qtbot.waitUntil(lambda: not window._answers, timeout=10_000)
     dialog.apply_requested.emit(changes)
     qtbot.waitUntil(lambda: not window.banner.isVisible(), timeout=60_000)
     assert not window.state.exceeding_findings()
