@@ -232,7 +232,8 @@ class AlertForwarder:
             else:
                 same = known is not None and known.alert["startsAt"] == alert["startsAt"] \
                     and _fingerprint(known.alert) == _fingerprint(alert)
-                self.firing[aid] = _Firing(alert, known.last_sent if same else 0.0)
+                # (same implies known is not None)
+                self.firing[aid] = _Firing(alert, known.last_sent if same else 0.0)  # type: ignore[union-attr]
                 self._trim()
         self._poke()
 
@@ -287,7 +288,7 @@ class AlertForwarder:
     def take(self, now: float) -> tuple[list[dict], list[dict]]:
         """The next batch: ends (oldest first), then firing alerts due (never sent first)."""
         with self.lock:
-            ends = []
+            ends: list[dict] = []
             while self.ending and len(ends) < self.max_batch:
                 ends.append(self.ending.popitem(last=False)[1])
             due = [e for e in self.firing.values() if now - e.last_sent >= self.resend_s]
@@ -334,7 +335,8 @@ class AlertForwarder:
                 entry = self.firing.get(alert["labels"]["pagewarden_alert_id"])
                 if entry is None and _fingerprint(alert) not in self.ending:
                     self.dropped += 1  # forgotten past the bound while in flight
-                elif _fingerprint(entry.alert) == _fingerprint(alert):
+                # (no entry but an end queued: it resolved while in flight, and the end is what is owed)
+                elif entry is not None and _fingerprint(entry.alert) == _fingerprint(alert):
                     entry.last_sent = 0.0
             self._trim()
 
@@ -402,7 +404,7 @@ class AlertForwarder:
 
     async def _wait(self, timeout_s: float | None) -> None:
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout_s)
+            await asyncio.wait_for(self._wake.wait(), timeout_s)  # type: ignore[union-attr]  # _run() set it
         except asyncio.TimeoutError:
             pass
 
@@ -410,5 +412,5 @@ class AlertForwarder:
         """Backoff: new changes only queue meanwhile; stop() ends it."""
         deadline = time.monotonic() + seconds
         while not self._stopping and (left := deadline - time.monotonic()) > 0:
-            self._wake.clear()
+            self._wake.clear()  # type: ignore[union-attr]  # _run() set it before any backoff
             await self._wait(left)

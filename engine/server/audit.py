@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 # In memory: the newest requests only. The evidence journal keeps every event of every request
 # (engine/evidence); 100,000 here held ~85 MB of dicts that only grew for hours under load.
@@ -43,7 +44,7 @@ class _Subject:
 
 
 def _bounded(fields: dict) -> dict:
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in fields.items():
         if isinstance(value, (list, tuple)) and len(value) > MAX_LIST:
             out[key], out[f"{key}_total"] = list(value[:MAX_LIST]), len(value)

@@ -87,7 +87,7 @@ class ControlOps:
         role = sup.curve.role_of(user)
         if role is None:
             raise Forbidden("this client's key is not in the allowlist any more (it was removed after it connected)")
-        return user, role
+        return user, role  # type: ignore[return-value]  # role_of() gives None without a User-Id
 
     def _own(self, rec: RequestRecord, what: str) -> None:
         """Only the client that submitted a request (or an admin) may act on it."""
@@ -160,7 +160,7 @@ class ControlOps:
                 self._reject(request, InvalidRequest(f"request {request.request_id}: the prompt could not be "
                                                      f"tokenized: {type(job.result).__name__}: {job.result}"))
             else:
-                self._submit(request, job.result)
+                self._submit(request, job.result)  # type: ignore[arg-type]  # deliver() hands it over set
         except Exception as exc:  # noqa: BLE001 - a bug of ours: reported and answered, as any handler's
             detail = self.sup.report_bug("control", request.caller[:32], exc)
             self.sup.to_client(request.identity, error_reply(request.msg.get("id"), "internal_error", detail))
@@ -194,8 +194,9 @@ class ControlOps:
         sup.counters["rejected"] += 1
         sup.audit.record(request.request_id, "rejected", code=exc.code, message=str(exc), tenant=_tenant_of(request.msg))
         if exc.code == "admission_rejected":
-            sup.alert("admission_rejected", "info", str(exc), subject=exc.limit_name, requests=[request.request_id],
-                      prevented=True)
+            sup.alert("admission_rejected", "info", str(exc),
+                      subject=exc.limit_name,  # type: ignore[union-attr]  # only AdmissionRejected has this code
+                      requests=[request.request_id], prevented=True)
         sup.to_client(request.identity, pack({"op": "error", "id": request.msg.get("id"),
                                               "request_id": request.request_id, "error": exc.to_wire()}))
 
@@ -406,6 +407,8 @@ class ControlOps:
         since = field_of(msg, "since", "float", default=0.0)
         after = field_of(msg, "after", "int", default=0, low=0)
         limit = field_of(msg, "limit", "int", default=HISTORY_PAGE_SUBJECTS, low=1, high=HISTORY_PAGE_SUBJECTS)
+        requests: list[dict]
+        other: list[dict]
         requests, other, size, last, more = [], [], 0, after, None
         for subject, events, seq in sup.audit.since(since, after=after, limit=limit + 1):
             if len(requests) + len(other) >= limit or size >= HISTORY_PAGE_BYTES:

@@ -17,6 +17,10 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from engine.evidence.journal import Journal
 
 FLUSH_S = 0.25  # crossings and alert changes are queued this often
 KEYFRAME_QUIET_S = 10.0  # a crossing after this long without one starts a wave: keyframe the pools
@@ -33,7 +37,7 @@ def journal_path(setting: str, asked_bind: str, config_source: str) -> Path | No
         return None
     if setting != "auto":
         return Path(setting).expanduser()
-    base = os.environ.get("PAGEWARDEN_STATE_DIR")
+    base: str | Path | None = os.environ.get("PAGEWARDEN_STATE_DIR")
     if not base:
         xdg = os.environ.get("XDG_STATE_HOME")
         base = Path(xdg) / "pagewarden" if xdg else Path.home() / ".local" / "state" / "pagewarden"
@@ -87,7 +91,7 @@ class EvidenceFeed:
     def _read_previous(self) -> None:
         from engine.evidence.journal_read import JournalError, JournalReader
 
-        journal = self.journal
+        journal = cast("Journal", self.journal)  # __init__ calls this once the journal is open
         earlier = [r["run"] for r in journal.previous_runs]
         if not earlier:
             return
@@ -131,7 +135,8 @@ class EvidenceFeed:
         if self.journal is None:
             return
         buffer = io.BytesIO()
-        np.savez(buffer, **{name: np.asarray(a) for name, a in arrays.items()})
+        # numpy's stubs take any key for allow_pickle; these are page array names
+        np.savez(buffer, **{name: np.asarray(a) for name, a in arrays.items()})  # type: ignore[arg-type]
         self.journal.keyframe(time.time(), str(pool), reason, buffer.getvalue())
 
     # ---- periodic: crossings, alerts, keyframes, answers, the journal's own health ---------
@@ -145,12 +150,13 @@ class EvidenceFeed:
         self._check_health()
 
     def _flush_alerts(self) -> None:
+        journal = cast("Journal", self.journal)  # called only when there is one
         for (run, _), record in self._dirty_alerts.items():
             if record.get("previous_run"):  # an acknowledgement of an earlier run's episode: under its own key
-                self.journal.alert({k: v for k, v in record.items() if k not in ("previous_run", "journal_key")}
-                                   | {"key": record["journal_key"]}, run)
+                journal.alert({k: v for k, v in record.items() if k not in ("previous_run", "journal_key")}
+                              | {"key": record["journal_key"]}, run)
             else:
-                self.journal.alert(dict(record))
+                journal.alert(dict(record))
         self._dirty_alerts.clear()
 
     def _flush_crossings(self, now: float) -> None:
@@ -158,10 +164,11 @@ class EvidenceFeed:
         if not changed:
             return
         book = self.sup.book
+        journal = cast("Journal", self.journal)  # periodic() flushes only when there is one
         for (second, source_slot, reader_slot), bucket in changed:
-            self.journal.crossing((second, source_slot, reader_slot, bucket.source, bucket.reader,
-                                   _tenant(book, bucket.source), _tenant(book, bucket.reader),
-                                   bucket.first, bucket.last, bucket.reads, sorted(bucket.pages)))
+            journal.crossing((second, source_slot, reader_slot, bucket.source, bucket.reader,
+                              _tenant(book, bucket.source), _tenant(book, bucket.reader),
+                              bucket.first, bucket.last, bucket.reads, sorted(bucket.pages)))
         newest = max(bucket.last for _, bucket in changed)
         if newest - self._last_crossing > KEYFRAME_QUIET_S:
             if now - self._last_keyframe >= KEYFRAME_EVERY_S:
@@ -230,7 +237,8 @@ class EvidenceFeed:
                 return
             since, until, runs, answer = job
             try:
-                with JournalReader(self.journal.path) as reader:
+                # scope() starts this thread only when there is a journal
+                with JournalReader(self.journal.path) as reader:  # type: ignore[union-attr]
                     result = reader.scope(since, until, runs)
             except JournalError as exc:
                 result = InvalidRequest(str(exc))

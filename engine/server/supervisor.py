@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections import Counter, deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -43,6 +44,9 @@ from engine.wire.protocol import CANARY_TENANT, ProtocolError, error_reply, mess
 from engine.wire.roles import DEFAULT_LOCAL_ROLE, check_role
 from engine.wire.sockets import bind_endpoint, drain, harden
 from engine.wire.states import Phase, Topic, WorkerState
+
+if TYPE_CHECKING:
+    from engine.model.tokenizer import TextTokenizer
 
 DEFAULT_BIND = "tcp://127.0.0.1:5650"
 METRICS_PERIOD_S = 1.0
@@ -107,7 +111,8 @@ class Supervisor:
         self.progressed: set[str] = set()  # requests with new tokens since the last update
         self._unplaced: set[str] = set()  # requests marked waiting for a worker (fail_unplaced)
         self.rollback = None  # engine.server.reconfigure.Rollback while a reconfigure is being taken up
-        self.pending_metadata: dict[int, tuple[bytes, object]] = {}
+        # ask id -> (client identity, its message id), or (None, reason) for the journal's own keyframe
+        self.pending_metadata: dict[int, tuple[bytes | None, object]] = {}
         self.pending_truth: dict[int, dict] = {}
         self.prompt_log: deque[dict] = deque(maxlen=PROMPT_LOG_KEPT)
         self.slots = itertools.count(1)
@@ -115,7 +120,7 @@ class Supervisor:
         self.started_at = time.time()
         self.ever_served = False  # a decode worker was ready once (no_decode_capacity fires after that)
         self.stopping = False
-        self._tokenizer = None
+        self._tokenizer: TextTokenizer | None = None
         self._last = {"metrics": 0.0, "workers": 0.0, "capacity": 0.0}
         self.workers = WorkerPool({"prefill": config.workers.prefill, "decode": config.workers.decode},
                                   self.run_dir, self.bus_endpoint, config=lambda: self.config.to_dict(),
@@ -351,15 +356,18 @@ class Supervisor:
                 rec.unplaced_since = rec.unplaced_since or now
                 final = not self.workers.can_return(blocked)
                 if final or now - rec.unplaced_since >= timeout:
-                    self._fail_unplaced(rec, why[blocked], final, timeout)
-        self._unplaced = {rid for rid in self._unplaced if (rec := self.book.get(rid)) is not None and not rec.done}
+                    # (blocked was picked for its why[blocked] being set)
+                    self._fail_unplaced(rec, why[blocked], final, timeout)  # type: ignore[arg-type]
+        self._unplaced = {rid for rid in self._unplaced if (kept := self.book.get(rid)) is not None and not kept.done}
 
     def _fail_unplaced(self, rec: RequestRecord, why: str, final: bool, timeout: int) -> None:
         when = "none can come back" if final else f"none became ready within {timeout} s (workers.unplaced_timeout_s)"
         error = NoWorker(f"request {rec.request_id} could not be placed: {why}; {when}")
         self._unplaced.discard(rec.request_id)
-        if rec.phase == Phase.AWAITING_PREFILL and self.workers.alive(self.workers[rec.decode_worker]):
-            self.to_worker(self.workers[rec.decode_worker], {"op": "release", "request_id": rec.request_id})
+        if rec.phase == Phase.AWAITING_PREFILL:
+            decode = self.workers[rec.decode_worker]  # type: ignore[index]  # RequestBook.reserve() set it
+            if self.workers.alive(decode):
+                self.to_worker(decode, {"op": "release", "request_id": rec.request_id})
         self.finish(rec, Phase.FAILED, error.code, error.to_wire())
 
     def _dispatch_prefill(self) -> None:
@@ -373,9 +381,10 @@ class Supervisor:
             self.book.prefill(rec, worker.name)
             # placeholder_on_reject fault: the prefill side gets a one-token stand-in
             prompt = rec.prompt_ids[:1] if rec.placeholder else rec.prompt_ids
+            decode = self.workers[rec.decode_worker]  # type: ignore[index]  # RequestBook.reserve() set it
             self.to_worker(worker, {
                 "op": "prefill", "request_id": rec.request_id, "slot": rec.slot, "prompt_ids": prompt,
-                "params": rec.params, "target": {"endpoint": self.workers[rec.decode_worker].info["transfer_endpoint"],
+                "params": rec.params, "target": {"endpoint": decode.info["transfer_endpoint"],
                                                  "reservation": rec.reservation},
             })
             self.audit.record(rec.request_id, "prefill_sent", worker=worker.name)
@@ -389,7 +398,7 @@ class Supervisor:
             return
         for name in (rec.decode_worker, rec.prefill_worker):
             if name in self.workers:
-                self.workers[name].inflight.discard(rec.request_id)
+                self.workers[name].inflight.discard(rec.request_id)  # type: ignore[index]  # `in` ruled out None
         if rec.first_token_at is not None and len(rec.output_ids) > 1:
             self.metrics.add_tpot((now - rec.first_token_at) / (len(rec.output_ids) - 1), now)
         self.counters[phase.value] += 1

@@ -45,7 +45,7 @@ TO_SUPERVISOR = {
 }
 
 
-def check_op(op: str, allowed: dict, direction: str) -> None:
+def check_op(op: str, allowed: dict[str, str], direction: str) -> None:
     """A send of an undeclared op is a programming error, found before it reaches the bus."""
     if op not in allowed:
         raise ValueError(f"bus op {op!r} is not declared {direction} in engine/wire/bus_ops.py")

@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -26,6 +27,9 @@ from zmq.utils.monitor import recv_monitor_message
 
 from engine.wire.roles import ROLES
 from engine.wire.sockets import check_bind_policy, is_curve_secured, require_fresh
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 __all__ = ["ZAP_DOMAIN", "generate_keys", "load_server_keys", "load_client_keys", "load_public_key",
            "load_allowlist", "CurveServer", "secure_client", "check_bind_policy", "is_curve_secured"]
@@ -52,7 +56,7 @@ def _write_cert(path: Path, public: bytes, secret: bytes | None, overwrite: bool
             f.write(f'    secret-key = "{secret.decode()}"\n')
 
 
-def generate_keys(directory: Path, *, clients: int = 1, overwrite: bool = False) -> dict:
+def generate_keys(directory: Path, *, clients: int = 1, overwrite: bool = False) -> dict[str, Any]:
     """Write a server key pair and `clients` client key pairs (client, client-2, ...) under
     `directory` (layout in the module docstring); files 0600, directories 0700. Returns
     {"directory", "server": {"public_key", "key", "key_secret"}, "clients": {name: same}} with
@@ -72,11 +76,11 @@ def generate_keys(directory: Path, *, clients: int = 1, overwrite: bool = False)
     for folder in (directory, directory / "clients"):
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(folder, 0o700)
-    result: dict = {"directory": directory, "server": None, "clients": {}}
+    result: dict[str, Any] = {"directory": directory, "server": None, "clients": {}}
     for folder, name in names:
         public, secret = zmq.curve_keypair()
-        entry = {"public_key": public.decode(), "key": folder / f"{name}.key",
-                 "key_secret": folder / f"{name}.key_secret"}
+        entry: dict[str, Any] = {"public_key": public.decode(), "key": folder / f"{name}.key",
+                                 "key_secret": folder / f"{name}.key_secret"}
         _write_cert(entry["key"], public, None, overwrite)
         _write_cert(entry["key_secret"], public, secret, overwrite)
         if name == "server":
@@ -86,7 +90,7 @@ def generate_keys(directory: Path, *, clients: int = 1, overwrite: bool = False)
     return result
 
 
-def _z85_key(key, what: str) -> bytes:
+def _z85_key(key: object, what: str) -> bytes:
     """A CURVE key as 40 z85 bytes; accepts z85 text/bytes or 32 raw bytes. Raises ValueError."""
     if isinstance(key, str):
         key = key.encode("ascii", "replace")
@@ -103,7 +107,7 @@ def _z85_key(key, what: str) -> bytes:
     raise ValueError(f"{what}: not a CURVE key (want 40 z85 characters or 32 bytes, got {len(key)})")
 
 
-def _read_cert(path) -> tuple[bytes, bytes | None]:
+def _read_cert(path: StrPath) -> tuple[bytes, bytes | None]:
     """(public, secret or None) from a certificate file, both z85; secret checked to match."""
     path = Path(path)
     if not path.is_file():
@@ -135,35 +139,36 @@ def _read_pair(path: Path) -> tuple[bytes, bytes]:
     return public, secret
 
 
-def load_public_key(file) -> bytes:
+def load_public_key(file: StrPath) -> bytes:
     """The z85 public key in a certificate file (.key or .key_secret). Raises FileNotFoundError
     or ValueError naming the file."""
     return _read_cert(file)[0]
 
 
-def load_server_keys(directory) -> tuple[bytes, bytes]:
+def load_server_keys(directory: StrPath) -> tuple[bytes, bytes]:
     """(public, secret) z85 from DIR/server.key_secret (or from that file if given one).
     Raises FileNotFoundError or ValueError naming the file."""
     path = Path(directory)
     return _read_pair(path if path.is_file() else path / "server.key_secret")
 
 
-def load_client_keys(key_file_or_dir) -> tuple[bytes, bytes]:
+def load_client_keys(key_file_or_dir: StrPath) -> tuple[bytes, bytes]:
     """(public, secret) z85 of a client: a .key_secret file (a .key file means its .key_secret
     sibling), or a directory holding client.key_secret or clients/client.key_secret.
     Raises FileNotFoundError or ValueError naming the file."""
     path = Path(key_file_or_dir)
     if path.is_dir():
         candidates = [path / "client.key_secret", path / "clients" / "client.key_secret"]
-        path = next((p for p in candidates if p.is_file()), None)
-        if path is None:
+        found = next((p for p in candidates if p.is_file()), None)
+        if found is None:
             raise FileNotFoundError(f"no client key: neither {candidates[0]} nor {candidates[1]} exists")
+        path = found
     elif path.suffix == ".key":
         path = path.with_name(path.name + "_secret")
     return _read_pair(path)
 
 
-def load_allowlist(directory) -> dict[bytes, str]:
+def load_allowlist(directory: StrPath) -> dict[bytes, str]:
     """z85 public key -> role, for every *.key file in `directory` (role admin) and in its
     viewer/, operator/ and admin/ sub-directories (engine/wire/roles.py). A key in two places
     gets the narrower role. Raises FileNotFoundError for a missing directory, ValueError naming
@@ -183,8 +188,10 @@ def load_allowlist(directory) -> dict[bytes, str]:
 
 _HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-_COUNTED = {zmq.EVENT_HANDSHAKE_SUCCEEDED: "accepted", zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "bad_handshake",
-            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other"}
+# keyed by int: recv_monitor_message gives the event as a plain int
+_COUNTED: dict[int, str] = {zmq.EVENT_HANDSHAKE_SUCCEEDED: "accepted",
+                            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "bad_handshake",
+                            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other"}
 
 
 class CurveServer:
@@ -197,7 +204,8 @@ class CurveServer:
     or no CURVE at all fails before ZAP; count those with watch()/count_events()/unwatch() in
     the thread that owns the secured socket."""
 
-    def __init__(self, context: zmq.Context, key_dir, *, allowlist_dir=None, domain: str = ZAP_DOMAIN):
+    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], key_dir: StrPath, *,
+                 allowlist_dir: StrPath | None = None, domain: str = ZAP_DOMAIN) -> None:
         """Raises FileNotFoundError/ValueError for bad key files, RuntimeError when the context
         already has a ZAP handler."""
         self.context = context
@@ -207,7 +215,7 @@ class CurveServer:
         self._allowed = load_allowlist(self.allowlist_dir)
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(("accepted", "unknown_key", "bad_handshake", "other"), 0)
-        self._recent_keys: collections.deque = collections.deque(maxlen=8)
+        self._recent_keys: collections.deque[str] = collections.deque(maxlen=8)
         self._serial = itertools.count()
         self._stopped = False
         self._auth = ThreadAuthenticator(context)
@@ -229,7 +237,7 @@ class CurveServer:
         log.info("refused a CURVE client whose key is not in %s: %s", self.allowlist_dir, key)
         return False
 
-    def secure(self, sock: zmq.Socket) -> zmq.Socket:
+    def secure(self, sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
         """Make `sock` a CURVE server checked by this ZAP handler (curve_server, keys, ZAP
         domain, ZAP_ENFORCE_DOMAIN: no handler means no entry). Call before bind. Raises
         ValueError for a socket already bound or connected, RuntimeError after stop()."""
@@ -243,7 +251,7 @@ class CurveServer:
         sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
         return sock
 
-    def watch(self, sock: zmq.Socket) -> zmq.Socket:
+    def watch(self, sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
         """Monitor the handshakes of `sock`: returns a PAIR socket for the poller of the thread
         owning `sock`; call count_events() when it is readable and unwatch() before closing it.
         Closing the PAIR while `sock` is still monitored blocks the context's I/O thread at the
@@ -255,7 +263,7 @@ class CurveServer:
         monitor.connect(address)
         return monitor
 
-    def count_events(self, monitor: zmq.Socket) -> int:
+    def count_events(self, monitor: zmq.Socket[bytes]) -> int:
         """Read every waiting event of a watch() socket without blocking and add it to the
         counters; returns how many were read."""
         read = 0
@@ -267,7 +275,7 @@ class CurveServer:
                     self._counts[_COUNTED[event]] += 1
         return read
 
-    def unwatch(self, sock: zmq.Socket, monitor: zmq.Socket) -> None:
+    def unwatch(self, sock: zmq.Socket[bytes], monitor: zmq.Socket[bytes]) -> None:
         """Stop monitoring `sock` (unless already closed), count what is left, close `monitor`."""
         if not sock.closed:
             sock.disable_monitor()
@@ -289,13 +297,13 @@ class CurveServer:
         self._allowed = load_allowlist(self.allowlist_dir)
         return len(self._allowed)
 
-    def refusals(self) -> dict:
+    def refusals(self) -> dict[str, Any]:
         """Counters: total refused; unknown_key (the allowlist said no); bad_handshake (wrong
         server key, plaintext or garbage client) and other (e.g. no ZAP handler), both from
         watched sockets only; accepted (watched sockets); recent_keys (z85 of the last refused
         keys). A refused client that keeps reconnecting counts once per try."""
         with self._lock:
-            counts = dict(self._counts, recent_keys=list(self._recent_keys))
+            counts: dict[str, Any] = dict(self._counts, recent_keys=list(self._recent_keys))
         counts["total"] = counts["unknown_key"] + counts["bad_handshake"] + counts["other"]
         return counts
 
@@ -309,12 +317,12 @@ class CurveServer:
     def __enter__(self) -> CurveServer:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-def secure_client(sock: zmq.Socket, server_public: bytes, client_public: bytes,
-                  client_secret: bytes) -> zmq.Socket:
+def secure_client(sock: zmq.Socket[bytes], server_public: bytes, client_public: bytes,
+                  client_secret: bytes) -> zmq.Socket[bytes]:
     """Make `sock` a CURVE client of the server with public key `server_public`. Call before
     connect. Raises ValueError for a malformed key, a secret that does not match
     `client_public`, or a socket already connected."""

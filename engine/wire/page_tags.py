@@ -8,8 +8,10 @@ tag names one allocation of one page by one request and can never be reused.
 from __future__ import annotations
 
 import enum
+from typing import Any, overload
 
 import numpy as np
+import numpy.typing as npt
 
 FREE_OWNER = -1
 NO_WRITER = -1
@@ -24,7 +26,16 @@ class PageState(enum.IntEnum):
     QUARANTINED = 4  # read or written against ownership; scrubbed before reuse
 
 
-def pack_tag(slot, epoch):
+@overload
+def pack_tag(slot: int | np.integer[Any], epoch: int | np.integer[Any]) -> int: ...
+@overload
+def pack_tag(slot: npt.NDArray[np.integer[Any]] | int | np.integer[Any],
+             epoch: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.int64]: ...
+@overload
+def pack_tag(slot: npt.NDArray[np.integer[Any]],
+             epoch: npt.NDArray[np.integer[Any]] | int | np.integer[Any]) -> npt.NDArray[np.int64]: ...
+def pack_tag(slot: npt.NDArray[np.integer[Any]] | int | np.integer[Any],
+             epoch: npt.NDArray[np.integer[Any]] | int | np.integer[Any]) -> int | npt.NDArray[np.int64]:
     """(slot, epoch) -> int64 tag; works on ints and numpy arrays alike."""
     if isinstance(slot, np.ndarray) or isinstance(epoch, np.ndarray):
         return (np.asarray(slot, np.int64) << 32) | (np.asarray(epoch, np.int64) & _EPOCH_MASK)

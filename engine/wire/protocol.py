@@ -11,11 +11,18 @@ Nothing here imports torch: the GUI and the CLI client use this module.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
 import msgpack
 import numpy as np
+
+if TYPE_CHECKING:  # for annotations only: this module never needs zmq at run time
+    import zmq
+
+    # A frame as sent (pack) or received: bytes when received with copy=True, a zmq.Frame with copy=False.
+    Frame: TypeAlias = bytes | bytearray | memoryview | zmq.Frame
 
 VERSION = 1
 
@@ -48,7 +55,7 @@ class ProtocolError(ValueError):
 
     code = "bad_message"
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"code": self.code, "message": str(self)}
 
 
@@ -65,16 +72,16 @@ class Message:
     def topic(self) -> str | None:
         return self.header.get("topic")
 
-    def get(self, key: str, default=None):
+    def get(self, key: str, default: Any = None) -> Any:
         return self.header.get(key, default)
 
 
 # ---- framing --------------------------------------------------------------------------
 
-def pack(header: dict[str, Any], arrays: dict[str, np.ndarray] | None = None) -> list:
+def pack(header: dict[str, Any], arrays: dict[str, np.ndarray] | None = None) -> list[bytes | memoryview]:
     """Header + arrays -> frames. Arrays go out as buffers (zero-copy when sent with copy=False)."""
     header = dict(header)
-    frames: list = [b""]
+    frames: list[bytes | memoryview] = [b""]
     if arrays:
         specs = []
         for name, arr in arrays.items():
@@ -85,7 +92,8 @@ def pack(header: dict[str, Any], arrays: dict[str, np.ndarray] | None = None) ->
             if key is None:
                 raise ProtocolError(f"array {name!r}: dtype {arr.dtype} cannot go on the wire")
             specs.append([name, key, list(arr.shape)])
-            frames.append(memoryview(arr).cast("B") if arr.size else b"")
+            # numpy's stubs give ndarray __buffer__ only for Python >= 3.12
+            frames.append(memoryview(arr).cast("B") if arr.size else b"")  # type: ignore[arg-type]
         header["arrays"] = specs
     frames[0] = pack_header(header)
     return frames
@@ -93,14 +101,15 @@ def pack(header: dict[str, Any], arrays: dict[str, np.ndarray] | None = None) ->
 
 def pack_header(header: dict[str, Any]) -> bytes:
     """Just the msgpack header frame (callers that append raw frames of their own)."""
-    return msgpack.packb({"v": VERSION, **header}, use_bin_type=True)
+    packed: bytes = msgpack.packb({"v": VERSION, **header}, use_bin_type=True)  # msgpack has no type hints
+    return packed
 
 
-def _refuse_ext(code, data):
+def _refuse_ext(code: int, data: bytes) -> NoReturn:
     raise ProtocolError(f"msgpack extension type {code} is not allowed")
 
 
-def unpack(frames: list) -> Message:
+def unpack(frames: Sequence[Frame]) -> Message:
     """Frames -> Message. Raises ProtocolError for anything malformed; never executes data."""
     if not frames:
         raise ProtocolError("empty message")
@@ -117,7 +126,7 @@ def unpack(frames: list) -> Message:
     return Message(header, arrays)
 
 
-def unpack_header(frame) -> dict[str, Any]:
+def unpack_header(frame: Frame) -> dict[str, Any]:
     """One msgpack header frame -> dict with a checked version and op/topic."""
     raw = frame_bytes(frame)
     if len(raw) > MAX_HEADER_BYTES:
@@ -137,13 +146,13 @@ def unpack_header(frame) -> dict[str, Any]:
     return header
 
 
-def frame_bytes(frame) -> bytes | memoryview:
+def frame_bytes(frame: Frame) -> bytes | bytearray | memoryview:
     if isinstance(frame, (bytes, bytearray, memoryview)):
         return frame
     return frame.buffer  # zmq.Frame
 
 
-def _array(spec, frame) -> tuple[str, np.ndarray]:
+def _array(spec: Any, frame: Frame) -> tuple[str, np.ndarray]:
     if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[0], str)
             and spec[1] in DTYPES and isinstance(spec[2], list)
             and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in spec[2])):
@@ -164,8 +173,8 @@ def _array(spec, frame) -> tuple[str, np.ndarray]:
 _MISSING = object()
 
 
-def field_of(msg: Message | dict, name: str, kind: str, *, default=_MISSING, low=None, high=None,
-             max_len: int | None = None):
+def field_of(msg: Message | dict[str, Any], name: str, kind: str, *, default: Any = _MISSING,
+             low: float | None = None, high: float | None = None, max_len: int | None = None) -> Any:
     """Read a header field and check its type and range.
 
     kind: "int", "float", "bool", "str", "list[int]", "map", "list". Raises ProtocolError
@@ -177,7 +186,7 @@ def field_of(msg: Message | dict, name: str, kind: str, *, default=_MISSING, low
         if default is _MISSING:
             raise ProtocolError(f"field '{name}' is required")
         return default
-    ok = {
+    checks: dict[str, Callable[[Any], bool]] = {
         "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
         "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
         "bool": lambda v: isinstance(v, bool),
@@ -185,7 +194,8 @@ def field_of(msg: Message | dict, name: str, kind: str, *, default=_MISSING, low
         "list[int]": lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
         "map": lambda v: isinstance(v, dict),
         "list": lambda v: isinstance(v, list),
-    }[kind]
+    }
+    ok = checks[kind]
     if not ok(value):
         shown = repr(value) if len(repr(value)) < 80 else repr(value)[:77] + "..."
         raise ProtocolError(f"field '{name}' must be {kind}, got {shown}")
@@ -206,7 +216,7 @@ def field_of(msg: Message | dict, name: str, kind: str, *, default=_MISSING, low
 MAX_ID_KEYS = 64  # header keys looked at for the id of a message that does not unpack
 
 
-def message_id(frames: list):
+def message_id(frames: Sequence[Frame]) -> int | str | None:
     """The 'id' of a message that may not unpack (array frames that do not match its header,
     a header over MAX_HEADER_BYTES, a bad field): so that the error reply reaches the caller
     waiting for it at once. Reads the header map key by key, skipping values, the first
@@ -230,11 +240,12 @@ def message_id(frames: list):
     return None
 
 
-def error_reply(msg_id, code: str, message: str) -> list:
+def error_reply(msg_id: int | str | None, code: str, message: str) -> list[bytes | memoryview]:
     return pack({"op": "error", "id": msg_id, "error": {"code": code, "message": message}})
 
 
-def reply(msg_id, result: dict | None = None, arrays: dict[str, np.ndarray] | None = None) -> list:
+def reply(msg_id: int | str | None, result: dict[str, Any] | None = None,
+          arrays: dict[str, np.ndarray] | None = None) -> list[bytes | memoryview]:
     return pack({"op": "reply", "id": msg_id, "result": result or {}}, arrays)
 
 

@@ -9,10 +9,15 @@ socket that is already bound or connected.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Literal, cast, overload
 
 import zmq
 
 from engine.wire.protocol import MAX_BUS_FRAME, MAX_CONTROL_FRAME, MAX_KV_FRAME
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 SOCKET_KINDS = frozenset({"control", "telemetry", "publisher", "bus", "kv"})
 
@@ -38,7 +43,15 @@ HWMS = {"control": 1000, "telemetry": 100, "publisher": 100, "bus": 1000, "kv": 
 DRAIN_LIMIT = 10_000  # messages taken from one socket per drain
 
 
-def drain(sock: zmq.Socket, limit: int = DRAIN_LIMIT, *, copy: bool = False):
+@overload
+def drain(sock: zmq.Socket[bytes], limit: int = ..., *, copy: Literal[False] = ...) -> Iterator[list[zmq.Frame]]: ...
+@overload
+def drain(sock: zmq.Socket[bytes], limit: int = ..., *, copy: Literal[True]) -> Iterator[list[bytes]]: ...
+@overload
+def drain(sock: zmq.Socket[bytes], limit: int = ..., *,
+          copy: bool) -> Iterator[list[bytes]] | Iterator[list[zmq.Frame]]: ...
+def drain(sock: zmq.Socket[bytes], limit: int = DRAIN_LIMIT, *,
+          copy: bool = False) -> Iterator[list[bytes]] | Iterator[list[zmq.Frame]]:
     """Yield each multipart message waiting on `sock`, without blocking, at most `limit` of
     them: a busy socket cannot starve the others, and the next poll reports what is left
     (zmq.Poller is level-triggered). The one non-blocking receive loop of every process."""
@@ -49,7 +62,7 @@ def drain(sock: zmq.Socket, limit: int = DRAIN_LIMIT, *, copy: bool = False):
             return
 
 
-def send_zero_copy(sock: zmq.Socket, frames: list) -> zmq.MessageTracker:
+def send_zero_copy(sock: zmq.Socket[bytes], frames: Sequence[Buffer]) -> zmq.MessageTracker:
     """Send one multipart message without copying its frames; the returned tracker is done
     only when ZeroMQ has let go of EVERY frame, so their memory may be reused after that.
 
@@ -63,15 +76,15 @@ def send_zero_copy(sock: zmq.Socket, frames: list) -> zmq.MessageTracker:
     return zmq.MessageTracker(*trackers)
 
 
-def require_fresh(sock: zmq.Socket, what: str) -> None:
+def require_fresh(sock: zmq.Socket[bytes], what: str) -> None:
     """Raise ValueError (starting with `what`) when `sock` is already bound or connected."""
-    last = sock.getsockopt(zmq.LAST_ENDPOINT)
+    last = cast(bytes, sock.getsockopt(zmq.LAST_ENDPOINT))  # a bytes option; the stubs say int | bytes
     if last:
         raise ValueError(f"{what}: the socket is already bound or connected ({last.decode()}); "
                          "options set now would not apply to that endpoint")
 
 
-def harden(sock: zmq.Socket, kind: str) -> zmq.Socket:
+def harden(sock: zmq.Socket[bytes], kind: str) -> zmq.Socket[bytes]:
     """Set MAXMSGSIZE, SNDHWM/RCVHWM, LINGER 0 for `kind` (one of SOCKET_KINDS) and, on a
     ROUTER, ROUTER_MANDATORY off (unroutable replies are dropped, never raise) and
     ROUTER_HANDOVER on (a reconnecting client takes over its identity). Returns `sock`.
@@ -122,7 +135,7 @@ def is_loopback_host(host: str) -> bool:
     return addr.is_loopback
 
 
-def is_curve_secured(sock: zmq.Socket) -> bool:
+def is_curve_secured(sock: zmq.Socket[bytes]) -> bool:
     """True when `sock` is a CURVE server that asks a ZAP handler (non-empty ZAP domain) and
     fails closed without one (ZAP_ENFORCE_DOMAIN): what curve.CurveServer.secure() sets."""
     return bool(sock.getsockopt(zmq.CURVE_SERVER) and sock.getsockopt(zmq.ZAP_DOMAIN)
@@ -146,7 +159,7 @@ def _client_address(endpoint: str) -> str:
     return endpoint
 
 
-def bind_endpoint(sock: zmq.Socket, endpoint: str) -> str:
+def bind_endpoint(sock: zmq.Socket[bytes], endpoint: str) -> str:
     """Bind `sock` to `endpoint` under check_bind_policy (CURVE counts as on when
     is_curve_secured(sock)); port 0 or * picks a free port. Returns the endpoint actually bound
     (LAST_ENDPOINT), a wildcard host replaced by loopback so a local client can connect to it.

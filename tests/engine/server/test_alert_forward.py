@@ -205,3 +205,22 @@ def test_alerts_the_book_forgot_are_not_resent(receivers, forwarders):
     got = receiver.wait_for(lambda got: len(got) >= seen + 4)  # (a POST in flight may still carry both)
     assert [a["labels"]["pagewarden_alert_id"] for a in got[-2:]] == ["admission_rejected:kept"] * 2
     assert forwarder.describe()["firing"] == 1 and forwarder.describe()["dropped"] == 0
+
+
+def test_an_alert_resolved_while_its_post_fails_leaves_its_end_queued_and_the_thread_alive():
+    """The posting thread took a firing alert; it resolved meanwhile (its end queued); then the
+    POST failed with retry. That once raised AttributeError on the posting thread, which ended
+    forwarding for the rest of the run."""
+    forwarder = AlertForwarder(instance=INSTANCE)
+    forwarder.url = "http://127.0.0.1:9/"  # no posting thread: this test plays its part
+    record = {"id": "canary_leak:r1", "kind": "canary_leak", "state": "firing", "severity": "critical",
+              "first_seen": time.time(), "detail": "d", "count": 1}
+    forwarder.offer(record)
+    ends, firing = forwarder.take(time.time())
+    assert ends == [] and len(firing) == 1
+    forwarder.offer({**record, "state": "resolved", "resolved_at": time.time()})
+    forwarder.undelivered(ends, firing, "HTTP 503", retry=True)
+    status = forwarder.describe()
+    assert status["queued"] == 1 and status["dropped"] == 0 and status["firing"] == 0
+    (end,) = forwarder.take(time.time())[0]
+    assert end["labels"]["pagewarden_alert_id"] == "canary_leak:r1" and "endsAt" in end
