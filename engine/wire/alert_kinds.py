@@ -19,6 +19,11 @@ class AlertKind(NamedTuple):
     isolation: bool  # an isolation failure (not an admission decision or a worker condition)
     help: str
     runbook: tuple[str, ...]  # what an operator does next, a few short steps in order
+    # a request read (or answered with) data not its own: unless the alert says it was
+    # prevented, the data reached a response (the incident report counts it as crossed)
+    reaches_reply: bool = False
+    # its very firing says the defence stopped the data (it carries no `prevented` field)
+    prevented_by_firing: bool = False
 
 
 # Steps several isolation kinds share (the alert detail shows the incident scope below the runbook)
@@ -37,7 +42,7 @@ ALERT_KINDS = (
               (_SNAPSHOT_NOW, _DRAIN, _DEFENCES_ON, _NOTIFY_TENANTS,
                "Read the alert's prevented field: true, the reads were masked and the requests named aborted; "
                "false (writer_tag_check off, or report_only), their replies went out: treat those replies as "
-               "leaked")),
+               "leaked"), reaches_reply=True),
     AlertKind("transfer_mismatch", "critical", True, True, "a KV transfer did not match its manifest (I3)",
               (_SNAPSHOT_NOW,
                "The request was failed (transfer_mismatch) unless manifest_check is off: then its decode may have "
@@ -63,7 +68,7 @@ ALERT_KINDS = (
                "Find why the transfer was late: a slow, crashed or restarting prefill worker (Workers panel), "
                "or a transfer_timeout alert for the same request",
                "Check the Faults banner for early_release; if no fault is on and it repeats, export a snapshot "
-               "(Ctrl+E) and file it")),
+               "(Ctrl+E) and file it"), prevented_by_firing=True),
     AlertKind("canary_leak", "critical", True, True, "a request touched pages a canary wrote",
               (_SNAPSHOT_NOW,
                "The path that leaked the canary's pages leaks real tenants' pages too: treat it as an "
@@ -71,7 +76,8 @@ ALERT_KINDS = (
                _DRAIN,
                _DEFENCES_ON,
                _NOTIFY_TENANTS,
-               "After the fix, fire a canary (python main.py canary) and confirm no alert follows")),
+               "After the fix, fire a canary (python main.py canary) and confirm no alert follows"),
+              reaches_reply=True),
     AlertKind("canary_marker_in_output", "critical", True, True, "a canary's marker text came out in a reply",
               (_SNAPSHOT_NOW,
                _DRAIN,
@@ -79,7 +85,8 @@ ALERT_KINDS = (
                "content, and other replies in this window may too",
                _NOTIFY_TENANTS,
                _DEFENCES_ON,
-               "After the fix, fire a canary (python main.py canary) and confirm no alert follows")),
+               "After the fix, fire a canary (python main.py canary) and confirm no alert follows"),
+              reaches_reply=True),
     AlertKind("admission_rejected", "info", True, False, "a request was refused before any allocation (I2)",
               ("Usually expected: a request larger than the window or the pools was refused before allocating "
                "anything; the client got a 400 naming the limit",
@@ -126,7 +133,7 @@ ALERT_KINDS = (
                "Not caused by PageWarden (the agent only reads): file it against vLLM with the snapshot, the "
                "vLLM version and the flags the server was started with",
                _NOTIFY_TENANTS,
-               _DRAIN)),
+               _DRAIN), reaches_reply=True),
     AlertKind("internal_error", "error", False, False, "the server failed to handle a message",
               ("One message failed (its client got internal_error); the engine went on serving",
                "The subject names where and the exception type, the detail the message: export a snapshot "
@@ -168,6 +175,8 @@ ALERT_KINDS = (
 BY_NAME = {kind.name: kind for kind in ALERT_KINDS}
 DETECTORS = tuple(kind.name for kind in ALERT_KINDS if kind.detects_cross_reads)
 ISOLATION_KINDS = tuple(kind.name for kind in ALERT_KINDS if kind.isolation)
+REACHES_REPLY_KINDS = tuple(kind.name for kind in ALERT_KINDS if kind.reaches_reply)
+PREVENTED_BY_FIRING_KINDS = tuple(kind.name for kind in ALERT_KINDS if kind.prevented_by_firing)
 
 
 def alert_kind(name: str) -> AlertKind:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from engine.wire.alert_kinds import ISOLATION_KINDS
+from engine.wire.alert_kinds import ISOLATION_KINDS, PREVENTED_BY_FIRING_KINDS, REACHES_REPLY_KINDS
 from engine.wire.defences import DEFENCES, FAULTS, Switch
 from engine.wire.states import END_PHASES, STOPPED_PHASES, Phase
 from gui.model.scope_summary import TenantPair, pages_by_pool, tenant_pairs, with_tenants
@@ -18,11 +18,11 @@ from gui.model.scope_summary import TenantPair, pages_by_pool, tenant_pairs, wit
 # an engine that does not send requests_total / pages_total leaves the rest uncounted.
 ENGINE_LIST_CAP = 50
 # Kinds whose very firing means the defence stopped the data (the engine sends no `prevented`)
-PREVENTED_BY_KIND = ("late_write_dropped",)
+PREVENTED_BY_KIND = PREVENTED_BY_FIRING_KINDS
 # Kinds that say a request read (or answered with) data not its own: not prevented, it reached a
 # response. The others (a transfer accepted despite its manifest, a late write landed) put data
 # where it does not belong, and a later defence may still stop every request they name.
-READ_KINDS = ("ownership_violation", "canary_leak", "canary_marker_in_output", "block_table_mismatch")
+READ_KINDS = REACHES_REPLY_KINDS
 
 
 def is_number(value) -> bool:
