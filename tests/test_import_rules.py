@@ -91,3 +91,19 @@ def test_every_gui_module_imports_without_torch():
                           env={"QT_QPA_PLATFORM": "offscreen", "PATH": ""})
     assert len(modules) > 30
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+
+
+GUI_MAY_IMPORT = ("engine.wire", "engine.client", "engine.adapters", "engine.evidence", "engine.parent_watch")
+
+
+def test_the_app_imports_only_an_allowed_list_of_engine_packages():
+    """An allowlist, not a blocklist: a new engine package is out of the app's reach until it is
+    named here (the forbidden contracts in pyproject.toml hold the chains behind these)."""
+    import grimp
+
+    graph = grimp.build_graph("gui", "engine", include_external_packages=False)
+    reached = {(module, imported) for module in graph.modules if module.split(".")[0] == "gui"
+               for imported in graph.find_modules_directly_imported_by(module) if imported.split(".")[0] == "engine"}
+    outside = sorted((m, i) for m, i in reached
+                     if not any(i == allowed or i.startswith(allowed + ".") for allowed in GUI_MAY_IMPORT))
+    assert reached and outside == [], outside
