@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from engine.errors import ConfigError
-from engine.wire.defences import DEFENCES, FAULTS
+from engine.wire.defences import DEFENCES, FAULTS, weakening_keys
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # the default model: repeats its context, any bytes (built by resources/models/build_copy_model.py), so data
@@ -192,9 +192,7 @@ class EngineConfig:
         --allow-faults."""
         off = [f"defences.{k} = false" for k, v in dataclasses.asdict(self.defences).items() if not v]
         on = [f"faults.{k} = true" for k, v in dataclasses.asdict(self.faults).items() if v]
-        weaker = ([f"engine.ownership_policy = {self.engine.ownership_policy!r}"]
-                  if self.engine.ownership_policy != "abort" else [])
-        weaker += [f"engine.scrub_policy = {self.engine.scrub_policy!r}"] if self.engine.scrub_policy == "none" else []
+        weaker = [f"engine.{key.name} = {value!r}" for key, value in weakening_keys(dataclasses.asdict(self.engine))]
         return off + on + weaker
 
     def check_faults_allowed(self, allow_faults: bool) -> None:

@@ -41,13 +41,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from engine.vllm_agent.checks import capacity_finding
 from engine.vllm_agent import test_faults
+from engine.vllm_agent.checks import capacity_finding
 from engine.vllm_agent.snapshot import BlockView, PoolSnapshot, RequestView
 
 logger = logging.getLogger(__name__)
 DEFAULT_CONTROL = "tcp://127.0.0.1:7600"
-TEST_FAULTS = test_faults.AGENT_FAULTS
 HASH_GROUP_SUFFIX = 4  # vLLM's BlockHashWithGroupId: the block hash, then a 4-byte group id
 
 
@@ -73,7 +72,8 @@ class PageWardenConnector(KVConnectorBase_V1):
         if not 0.0 <= self.period <= 60.0:
             raise ValueError(f"snapshot_period_s {self.period:g} is out of range: 0 to 60 seconds")
         self.fault = extra.get("test_fault")
-        test_faults.refuse_unless_allowed(self.fault, test_faults.AGENT_FAULTS, "a test breaking vLLM's state on purpose")
+        test_faults.refuse_unless_allowed(self.fault, test_faults.AGENT_FAULTS,
+                                          "a test breaking vLLM's state on purpose")
         if self._kv_transfer_config.is_kv_consumer:
             logger.warning("PageWarden agent: kv_role %r makes vLLM defer block frees by a step; the agent loads "
                            "no KV, so kv_producer is enough (docs/vllm-agent.md)", self._kv_transfer_config.kv_role)

@@ -7,6 +7,7 @@ is one line here plus the code that injects it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 
@@ -42,3 +43,25 @@ FAULTS = (
 
 DEFENCE_NAMES = tuple(d.name for d in DEFENCES)
 FAULT_NAMES = tuple(f.name for f in FAULTS)
+
+
+class WeakeningKey(NamedTuple):
+    """An engine key that switches an invariant's enforcement off by another name: like a
+    defence turned off it needs --allow-faults, and the app's Faults banner names it."""
+
+    name: str  # the [engine] key
+    weakens: Callable[[object], bool]  # whether this value of it switches enforcement off
+    invariant: str
+    label: str  # what an operator reads
+
+
+WEAKENING_KEYS = (
+    WeakeningKey("ownership_policy", lambda v: v != "abort", "I1", "I1 violations reported, not aborted"),
+    WeakeningKey("scrub_policy", lambda v: v == "none", "I5", "I5 freed pages not scrubbed"),
+)
+
+
+def weakening_keys(engine: Mapping[str, object]) -> list[tuple[WeakeningKey, object]]:
+    """The WEAKENING_KEYS that `engine` (an [engine] section; a key it leaves out is its
+    default) sets to a value that switches enforcement off, each with that value."""
+    return [(key, engine[key.name]) for key in WEAKENING_KEYS if key.name in engine and key.weakens(engine[key.name])]

@@ -8,7 +8,7 @@ an attached window showed nothing of it).
 
 from __future__ import annotations
 
-from engine.wire.defences import DEFENCES, FAULTS
+from engine.wire.defences import DEFENCES, FAULTS, weakening_keys
 from gui import theme
 from gui.model.engine_state import EngineState
 from gui.widgets.banner import Banner
@@ -19,12 +19,8 @@ def weakened(config: dict) -> tuple[list[str], list[str]]:
     """(labels of the defences that are off, including I1's abort and I5's scrub turned off
     by their engine keys; labels of the faults that are on)."""
     defences, faults = config.get("defences") or {}, config.get("faults") or {}
-    engine = config.get("engine") or {}
     off = [d.label for d in DEFENCES if defences.get(d.name) is False]
-    if engine.get("ownership_policy") not in (None, "abort"):
-        off.append(f"I1 violations reported, not aborted (engine.ownership_policy = {engine['ownership_policy']})")
-    if engine.get("scrub_policy") == "none":
-        off.append("I5 freed pages not scrubbed (engine.scrub_policy = none)")
+    off += [f"{key.label} (engine.{key.name} = {value})" for key, value in weakening_keys(config.get("engine") or {})]
     on = [f.label for f in FAULTS if faults.get(f.name) is True]
     return off, on
 

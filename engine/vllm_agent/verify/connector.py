@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,8 +63,6 @@ from engine.vllm_agent.verify.digest import (combine, copy_blocks, digest_blocks
 
 logger = logging.getLogger("vllm.pagewarden.verify")  # a child of vLLM's logger: its handler, level and format
 COST_LOG_PERIOD_S = 10.0  # how often a worker logs what its own checks have cost so far (when they ran)
-TEST_FAULTS = test_faults.TRANSFER_FAULTS
-TEST_KEY = test_faults.TEST_KEY
 MASK64 = (1 << 64) - 1
 
 
@@ -123,7 +120,8 @@ class PageWardenVerifyingConnector(KVConnectorBase_V1):
                              'moves the KV, e.g. {"kv_connector": "ExampleConnector", ...}')
         self.verify = bool(extra.get("verify", True))
         self.fault = extra.get("test_fault")
-        test_faults.refuse_unless_allowed(self.fault, TEST_FAULTS, "a test breaking the transfer on purpose")
+        test_faults.refuse_unless_allowed(self.fault, test_faults.TRANSFER_FAULTS,
+                                          "a test breaking the transfer on purpose")
         self.fault_blocks = int(extra.get("fault_blocks", 2))
         self.block_size = int(vllm_config.cache_config.block_size)
         self.inner = self._build(vllm_config, {"kv_role": ktc.kv_role, **inner}, role, kv_cache_config)
