@@ -60,6 +60,7 @@ def attend_planned(q, k_cache, v_cache, plan, *, scale: float, out: torch.Tensor
         return paged_attention_ref.attend_planned(q, k_cache, v_cache, plan, scale=scale, out=out)
     target = out if out is not None and out.is_contiguous() else torch.empty(q.shape, dtype=q.dtype)
     batch = q.shape[0]
+    # the kernel answers how many rows ran on each path; tests check it, the step needs only out
     cpu_extension.extension().paged_decode(q.contiguous(), k_cache, v_cache, plan.pages,
                                            plan.blocked.view(batch, -1), float(scale), target, vectorized)
     if out is None:

@@ -1,5 +1,5 @@
-"""The type checks of pyproject.toml ([tool.mypy]), run by mypy: the wire passes under --strict,
-the KV pool and the supervisor with every function body checked; and the configuration
+"""The type checks of pyproject.toml ([tool.mypy]), run by mypy: the wire and the KV pool pass
+under --strict, the supervisor with every function body checked; and the configuration
 catches what each package is held to (planted in a copy of the layout), no more."""
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ def test_the_configuration_catches_planted_errors(tmp_path):
     files = {
         "engine/wire/plant_untyped.py": untyped,
         "engine/wire/plant_generic.py": "def names() -> list:\n    return []\n",
-        "engine/kv/plant_body.py": wrong_body,
+        "engine/kv/plant_untyped.py": untyped,
+        "engine/kv/plant_generic.py": "def names() -> list:\n    return []\n",
+        "engine/kv/plant_body.py": wrong_body,  # strict: the missing annotations too
         "engine/server/plant_body.py": wrong_body,
         "engine/server/plant_untyped.py": untyped,  # the server is not held to --strict
     }
@@ -52,8 +54,11 @@ def test_the_configuration_catches_planted_errors(tmp_path):
     assert proc.returncode == 1, out[-3000:] + proc.stderr[-2000:]
     for expected in (r"engine/wire/plant_untyped\.py:1: error: .*\[no-untyped-def\]",
                      r"engine/wire/plant_generic\.py:1: error: .*\[type-arg\]",
+                     r"engine/kv/plant_untyped\.py:1: error: .*\[no-untyped-def\]",
+                     r"engine/kv/plant_generic\.py:1: error: .*\[type-arg\]",
+                     r"engine/kv/plant_body\.py:2: error: .*\[no-untyped-def\]",
                      r"engine/kv/plant_body\.py:3: error: .*\[assignment\]",
                      r"engine/server/plant_body\.py:3: error: .*\[assignment\]"):
         assert re.search(expected, out), (expected, out[-3000:])
-    assert "plant_untyped.py" not in out.replace("engine/wire/plant_untyped.py", ""), out[-3000:]
-    assert re.search(r"Found 4 errors in 4 files", out), out[-3000:]
+    assert "engine/server/plant_untyped.py" not in out, out[-3000:]
+    assert re.search(r"Found 7 errors in 6 files", out), out[-3000:]

@@ -14,9 +14,12 @@ them on every allocate/free without a device round trip.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from engine.errors import ConfigError, IsolationError, PoolExhausted
@@ -24,6 +27,14 @@ from engine.wire.page_tags import FREE_OWNER, NO_WRITER, PageState
 
 SCRUB_VALUES = {"zero": 0.0, "poison": float("nan")}
 MAX_SLOT = (1 << 31) - 1
+
+# page numbers as callers hold them: a grant's int32 array, an int64 index, or a plain list
+PageIds: TypeAlias = npt.NDArray[np.integer[Any]] | Sequence[int]
+# fills whole pages of the pool tensor with a value (kernels.scrub_pages); its result is unused
+ScrubFn: TypeAlias = Callable[[torch.Tensor, torch.Tensor, float], object]
+# one metadata array per name (metadata_snapshot): owner and filled int32, epoch and writer
+# int64, state uint8
+MetadataArrays: TypeAlias = dict[str, npt.NDArray[np.int32] | npt.NDArray[np.int64] | npt.NDArray[np.uint8]]
 
 
 @dataclass(frozen=True)
@@ -47,8 +58,8 @@ class PageLayout:
 class PageGrant:
     """Pages handed to one owner by one allocate() call, with the epoch of each."""
 
-    pages: np.ndarray  # int32
-    epochs: np.ndarray  # int64
+    pages: npt.NDArray[np.int32]
+    epochs: npt.NDArray[np.int64]
 
 
 class PagePool:
@@ -60,9 +71,9 @@ class PagePool:
         *,
         device: torch.device | str = "cpu",
         scrub_policy: str = "zero",
-        scrub_fn=None,
+        scrub_fn: ScrubFn | None = None,
         provenance: bool = False,
-    ):
+    ) -> None:
         """scrub_fn(data, pages_tensor, value) fills whole pages (kernels.scrub_pages).
         provenance: keep, beside the data, which request slot's content sits in each token
         slot (-1: nothing, or scrubbed) — the ground truth of what a read really received."""
@@ -77,7 +88,7 @@ class PagePool:
         self.layout = layout
         self.device = torch.device(device)
         self.scrub_policy = scrub_policy
-        self._scrub_fn = scrub_fn or _scrub_with_index_fill
+        self._scrub_fn: ScrubFn = scrub_fn or _scrub_with_index_fill
         self.data = torch.zeros((num_pages, *layout.page_shape), dtype=layout.dtype, device=self.device)
         self.writer = torch.full((num_pages,), NO_WRITER, dtype=torch.int64, device=self.device)
         # I1's evidence: who wrote each token slot, stamped by every write (store kernels, the
@@ -89,21 +100,22 @@ class PagePool:
         # per-layer strided views, made once: every decode step asks for them per layer
         self._k_views = [self.data[:, layer, 0] for layer in range(layout.num_layers)]
         self._v_views = [self.data[:, layer, 1] for layer in range(layout.num_layers)]
-        self.owner = np.full(num_pages, FREE_OWNER, dtype=np.int32)
-        self.epoch = np.zeros(num_pages, dtype=np.int64)
-        self.state = np.zeros(num_pages, dtype=np.uint8)
+        self.owner: npt.NDArray[np.int32] = np.full(num_pages, FREE_OWNER, dtype=np.int32)
+        self.epoch: npt.NDArray[np.int64] = np.zeros(num_pages, dtype=np.int64)
+        self.state: npt.NDArray[np.uint8] = np.zeros(num_pages, dtype=np.uint8)
         # Free pages as a stack: allocate pops a slice, free pushes one; O(1) per page.
-        self._free_stack = np.arange(num_pages - 1, -1, -1, dtype=np.int32)
+        self._free_stack: npt.NDArray[np.int32] = np.arange(num_pages - 1, -1, -1, dtype=np.int32)
         self._free_top = num_pages
         self.scrubbed_pages = 0
         self.scrub_enabled = True  # the I5 defence switch (and the skip_scrub fault) turn it off
         self.quarantine_s = 30.0  # how long violated pages stay visible before their scrub
-        self._quarantine: list[tuple[float, int, np.ndarray]] = []
-        self.provenance = np.full((num_pages, layout.page_size), -1, dtype=np.int32) if provenance else None
+        self._quarantine: list[tuple[float, int, npt.NDArray[np.int64]]] = []
+        self.provenance: npt.NDArray[np.int32] | None = (
+            np.full((num_pages, layout.page_size), -1, dtype=np.int32) if provenance else None)
         # Pages whose metadata changed since the last take_dirty(), for telemetry deltas.
         # Off unless someone watches: then every metadata change appends its pages here.
         self.track_dirty = False
-        self._dirty: list[np.ndarray] = []
+        self._dirty: list[npt.NDArray[np.int32]] = []
 
     # ---- capacity -----------------------------------------------------------------
     @property
@@ -158,7 +170,7 @@ class PagePool:
             self.mark_dirty(pages)
         return PageGrant(pages, self.epoch[pages].copy())
 
-    def free(self, slot: int, pages: np.ndarray | list[int]) -> None:
+    def free(self, slot: int, pages: PageIds) -> None:
         """Return `slot`'s pages, scrubbed per policy.
 
         Raises IsolationError, changing nothing, when a page is out of range, listed twice,
@@ -175,20 +187,20 @@ class PagePool:
         self._free_top = top + len(pages)
         self.mark_dirty(pages)
 
-    def release(self, slot: int, pages, now: float | None = None) -> np.ndarray:
+    def release(self, slot: int, pages: PageIds, now: float | None = None) -> npt.NDArray[np.int32]:
         """Free those of `pages` that `slot` still owns; return the ones it does not (a page
         table that went stale must not crash the worker, and must be reported). QUARANTINED
         pages are held as evidence for `quarantine_s` seconds, then scrubbed and freed."""
-        pages = np.asarray(pages, dtype=np.int64).reshape(-1)
-        pages = pages[(pages >= 0) & (pages < self.num_pages)]
-        pages = np.unique(pages)
-        mine = self.owner[pages] == slot
-        held = mine & (self.state[pages] == PageState.QUARANTINED)
+        ids: npt.NDArray[np.int64] = np.asarray(pages, dtype=np.int64).reshape(-1)
+        ids = ids[(ids >= 0) & (ids < self.num_pages)]
+        ids = np.unique(ids)
+        mine: npt.NDArray[np.bool_] = self.owner[ids] == slot  # numpy's stubs type == as Any
+        held = mine & (self.state[ids] == PageState.QUARANTINED)
         if held.any():
             now = time.monotonic() if now is None else now
-            self._quarantine.append((now + self.quarantine_s, slot, pages[held]))
-        self.free(slot, pages[mine & ~held])
-        return pages[~mine].astype(np.int32)
+            self._quarantine.append((now + self.quarantine_s, slot, ids[held]))
+        self.free(slot, ids[mine & ~held])
+        return ids[~mine].astype(np.int32)
 
     def release_quarantine(self, now: float | None = None) -> int:
         """Scrub and free quarantined pages whose hold has run out; returns how many."""
@@ -201,12 +213,13 @@ class PagePool:
             self.free(slot, pages[self.owner[pages] == slot])
         return sum(len(p) for _, _, p in due)
 
-    def record_content(self, flat_slots: np.ndarray, writer_slots: np.ndarray) -> None:
+    def record_content(self, flat_slots: npt.NDArray[np.integer[Any]],
+                       writer_slots: npt.NDArray[np.integer[Any]]) -> None:
         """Provenance: the token slots (page * page_size + offset) now hold `writer_slots`' data."""
         if self.provenance is not None and len(flat_slots):
             self.provenance.reshape(-1)[np.asarray(flat_slots, dtype=np.int64)] = writer_slots
 
-    def set_state(self, slot: int, pages, state: PageState) -> None:
+    def set_state(self, slot: int, pages: PageIds, state: PageState) -> None:
         """Move `slot`'s own pages to RESERVED / IN_FLIGHT / WRITTEN / QUARANTINED."""
         if state == PageState.FREE:
             raise ValueError("use free() to release pages")
@@ -215,12 +228,12 @@ class PagePool:
         self.mark_dirty(pages)
 
     # ---- telemetry --------------------------------------------------------------------
-    def mark_dirty(self, pages) -> None:
+    def mark_dirty(self, pages: PageIds) -> None:
         """Note pages whose metadata changed (the kernels' writers call this for their pages)."""
         if self.track_dirty:
             self._dirty.append(np.asarray(pages, dtype=np.int32).reshape(-1))
 
-    def take_dirty(self) -> np.ndarray:
+    def take_dirty(self) -> npt.NDArray[np.int32]:
         """Sorted unique pages changed since the last call; clears the record."""
         if not self._dirty:
             return np.empty(0, dtype=np.int32)
@@ -236,7 +249,7 @@ class PagePool:
     def v_cache(self, layer: int) -> torch.Tensor:
         return self._v_views[layer]
 
-    def metadata_snapshot(self) -> dict[str, np.ndarray]:
+    def metadata_snapshot(self) -> MetadataArrays:
         """Copies of all five metadata arrays on the host (telemetry, snapshots, tests)."""
         return {
             "owner": self.owner.copy(),
@@ -247,10 +260,10 @@ class PagePool:
         }
 
     # ---- internals -------------------------------------------------------------------
-    def _index(self, pages: np.ndarray) -> torch.Tensor:
+    def _index(self, pages: npt.NDArray[np.int32]) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(pages, dtype=np.int64)).to(self.device)
 
-    def _validated(self, slot: int, pages, action: str) -> np.ndarray:
+    def _validated(self, slot: int, pages: PageIds, action: str) -> npt.NDArray[np.int32]:
         _check_slot(slot)
         pages = np.asarray(pages, dtype=np.int64).reshape(-1)
         bad = pages[(pages < 0) | (pages >= self.num_pages)]
@@ -273,7 +286,7 @@ class PagePool:
             raise IsolationError(f"slot {slot} cannot {action} page {page} of pool {self.name!r}: {why}")
         return pages.astype(np.int32)
 
-    def _scrub(self, pages: np.ndarray) -> None:
+    def _scrub(self, pages: npt.NDArray[np.int32]) -> None:
         quarantined = self.state[pages] == PageState.QUARANTINED
         policy = self.scrub_policy
         if not self.scrub_enabled:

@@ -401,14 +401,16 @@ bool attend_row(const Row& r, float* s, bool vectorized) {
   return false;
 }
 
-// rows attended since the module loaded, [plain loops, vector path]: what a test reads to
-// know which code ran, not which the flags promised (each parallel chunk adds its count once)
-std::atomic<int64_t> g_rows[2];
+// one call's rows, [plain loops, vector path]: each parallel chunk adds its count once
+struct PathCount {
+  std::atomic<int64_t> rows[2] = {0, 0};
 
-void count_rows(const int64_t (&rows)[2]) {
-  for (int p = 0; p < 2; ++p)
-    if (rows[p]) g_rows[p].fetch_add(rows[p], std::memory_order_relaxed);
-}
+  void add(const int64_t (&chunk)[2]) {
+    for (int p = 0; p < 2; ++p)
+      if (chunk[p]) rows[p].fetch_add(chunk[p], std::memory_order_relaxed);
+  }
+  PathRows result() const { return {rows[0].load(std::memory_order_relaxed), rows[1].load(std::memory_order_relaxed)}; }
+};
 
 }  // namespace
 
@@ -420,17 +422,13 @@ std::string vector_isa() {
   return PW_VECTOR == 16 ? "AVX-512" : PW_VECTOR == 8 ? "AVX2" : "";
 }
 
-std::map<std::string, int64_t> attention_rows() {
-  return {{"plain", g_rows[0].load(std::memory_order_relaxed)}, {"vector", g_rows[1].load(std::memory_order_relaxed)}};
-}
-
-
 // out[b, h] = softmax(scale * q[b, h] . K[t]) V[t] over the tokens t of row b that blocked
 // leaves readable; a row with none is zero. k_cache/v_cache: [pages, page_size, kv_heads, D]
 // with unit stride in D (the pool's per-layer views are strided over pages). vectorized=false
-// forces the plain loop (tests compare both).
-void paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor pages,
-                  torch::Tensor blocked, double scale, torch::Tensor out, bool vectorized) {
+// forces the plain loop (tests compare both). Returns the rows this call attended on each path,
+// (plain loops, vector path): what ran, where vectorized_for() only says what should.
+PathRows paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor pages,
+                      torch::Tensor blocked, double scale, torch::Tensor out, bool vectorized) {
   check_tensor(q, torch::kFloat32, "q");
   check_tensor(k_cache, torch::kFloat32, "k_cache");
   check_tensor(v_cache, torch::kFloat32, "v_cache");
@@ -462,6 +460,7 @@ void paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
     TORCH_CHECK(page >= 0 && page < num_pages, "page ", page, " is outside the pool of ", num_pages, " pages");
   }
   const int64_t page_stride = k_cache.stride(0), tok_stride = k_cache.stride(1), head_stride = k_cache.stride(2);
+  PathCount count;
   at::parallel_for(0, B * KVH, 1, [&](int64_t lo, int64_t hi) {
     std::vector<const float*> kptr(T), vptr(T);
     std::vector<float> scores(kScoreSlack + G * T);
@@ -485,8 +484,9 @@ void paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
       const Row r{qp + (b * H + h * G) * D, kptr.data(), vptr.data(), n, G, D, static_cast<float>(scale), o};
       ++rows[attend_row(r, scores.data() + kScoreSlack, vectorized)];
     }
-    count_rows(rows);
+    count.add(rows);
   });
+  return count.result();
 }
 
 // Causal self-attention of a prefill pass over its own fresh K/V (no pool): query token i of
@@ -495,8 +495,9 @@ void paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
 // sequences' bounds; out [T, H, D] contiguous. Work goes out in blocks of 16 query tokens
 // per sequence and KV head. Each query re-reads its keys, O(n^2) reads per sequence: the
 // caller keeps long sequences on SDPA, whose blocked loops read K once per query block.
-void causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor starts, double scale,
-                    torch::Tensor out, bool vectorized) {
+// Returns the rows attended on each path, as paged_decode does.
+PathRows causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor starts, double scale,
+                        torch::Tensor out, bool vectorized) {
   check_tensor(q, torch::kFloat32, "q");
   check_tensor(k, torch::kFloat32, "k");
   check_tensor(v, torch::kFloat32, "v");
@@ -526,6 +527,7 @@ void causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Te
   const float* vp = v.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t qs = q.stride(0), ks = k.stride(0), kh = k.stride(1);
+  PathCount count;
   at::parallel_for(0, static_cast<int64_t>(jobs.size()), 1, [&](int64_t lo, int64_t hi) {
     std::vector<const float*> kptr, vptr;
     std::vector<float> scores;
@@ -546,6 +548,7 @@ void causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Te
         ++rows[attend_row(r, scores.data() + kScoreSlack, vectorized)];
       }
     }
-    count_rows(rows);
+    count.add(rows);
   });
+  return count.result();
 }

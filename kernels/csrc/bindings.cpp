@@ -7,11 +7,12 @@ void check_tensor(const torch::Tensor& t, c10::ScalarType dtype, const char* nam
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "decode attention over the unblocked slots of each row's pages");
-  m.def("causal_prefill", &causal_prefill, "causal self-attention of packed sequences over their fresh K/V");
+  m.def("paged_decode", &paged_decode,
+        "decode attention over the unblocked slots of each row's pages; returns this call's rows: (plain, vector)");
+  m.def("causal_prefill", &causal_prefill,
+        "causal self-attention of packed sequences over their fresh K/V; returns this call's rows: (plain, vector)");
   m.def("vectorized_for", &vectorized_for, "whether head_dim D takes this build's vector path");
   m.def("vector_isa", &vector_isa, "the vector path this build has: AVX-512, AVX2 or none");
-  m.def("attention_rows", &attention_rows, "rows attended since load on each path: {'plain': n, 'vector': n}");
   m.def("plan_tags", &plan_tags, "the decode step's I1 plan: pages, blocked slots, violations, foreign, empty rows");
   m.def("rms_norm", &rms_norm, "x * rsqrt(mean(x^2) + eps) * weight over the last dim, float32");
   m.def("block_digest", &block_digest, "64-bit digest of each block's first valid rows (kernels/block_digest_ref.py)");

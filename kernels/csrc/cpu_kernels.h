@@ -2,18 +2,18 @@
 #pragma once
 #include <torch/extension.h>
 
-#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 // attention_cpu.cpp
+using PathRows = std::pair<int64_t, int64_t>;  // one call's rows: (plain loops, vector path)
 bool vectorized_for(int64_t head_dim);
 std::string vector_isa();  // "AVX-512", "AVX2" or "" (plain loops only)
-std::map<std::string, int64_t> attention_rows();  // {"plain": n, "vector": n} rows attended so far
-void paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor pages,
-                  torch::Tensor blocked, double scale, torch::Tensor out, bool vectorized);
-void causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor starts, double scale,
-                    torch::Tensor out, bool vectorized);
+PathRows paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor pages,
+                      torch::Tensor blocked, double scale, torch::Tensor out, bool vectorized);
+PathRows causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor starts, double scale,
+                        torch::Tensor out, bool vectorized);
 
 // norm_rope_cpu.cpp
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);

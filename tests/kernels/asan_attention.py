@@ -42,8 +42,9 @@ def build(directory: str):
                                         ldflags=("-fsanitize=address",), build_directory=directory)
 
 
-def decode(ext, gen, n: int, group: int, head_dim: int, page_size: int, vectorized: bool) -> None:
-    """Two rows; the second ends on the last slot of the pool's last page, last KV head."""
+def decode(ext, gen, n: int, group: int, head_dim: int, page_size: int, vectorized: bool) -> tuple[int, int]:
+    """Two rows; the second ends on the last slot of the pool's last page, last KV head.
+    Returns the call's rows on each path, (plain, vector)."""
     kv_heads = 2
     pages_per_row = -(-n // page_size)
     num_pages = 2 * pages_per_row
@@ -55,11 +56,13 @@ def decode(ext, gen, n: int, group: int, head_dim: int, page_size: int, vectoriz
     blocked[0, :n] = False
     blocked[1, pages_per_row * page_size - n:] = False  # the row's last n slots: the pool's end
     out = torch.empty_like(q)
-    ext.paged_decode(q, k, v, pages, blocked, head_dim ** -0.5, out, vectorized)
+    rows = ext.paged_decode(q, k, v, pages, blocked, head_dim ** -0.5, out, vectorized)
     assert out.isfinite().all()
+    return rows
 
 
-def prefill(ext, gen, n: int, group: int, head_dim: int, vectorized: bool) -> None:
+def prefill(ext, gen, n: int, group: int, head_dim: int, vectorized: bool) -> tuple[int, int]:
+    """Three sequences, the last ending on the buffers' last row; returns the call's rows, (plain, vector)."""
     kv_heads = 2
     lens = (n, 1, n)
     tokens = sum(lens)
@@ -68,8 +71,9 @@ def prefill(ext, gen, n: int, group: int, head_dim: int, vectorized: bool) -> No
     v = torch.randn(tokens, kv_heads, head_dim, generator=gen)
     starts = torch.tensor([0, n, n + 1, tokens], dtype=torch.int64)
     out = torch.empty_like(q)
-    ext.causal_prefill(q, k, v, starts, head_dim ** -0.5, out, vectorized)
+    rows = ext.causal_prefill(q, k, v, starts, head_dim ** -0.5, out, vectorized)
     assert out.isfinite().all()
+    return rows
 
 
 def calls() -> int:
@@ -81,12 +85,16 @@ def main(directory: str) -> int:
     ext = build(directory)
     gen = torch.Generator().manual_seed(0)
     made = 0
+    rows = {"plain": 0, "vector": 0}
     for head_dim, group, n, vectorized in itertools.product(HEAD_DIMS, GROUPS, LENGTHS, (True, False)):
-        for page_size in PAGE_SIZES:
-            decode(ext, gen, n, group, head_dim, page_size, vectorized)
-        prefill(ext, gen, n, group, head_dim, vectorized)
-        made += len(PAGE_SIZES) + 1
-    rows = ext.attention_rows()
+        answers = [decode(ext, gen, n, group, head_dim, page_size, vectorized) for page_size in PAGE_SIZES]
+        answers.append(prefill(ext, gen, n, group, head_dim, vectorized))
+        on_vectors = vectorized and ext.vectorized_for(head_dim)
+        for plain, vector in answers:  # each call ran on one path, the one its flags pick
+            assert (plain, vector) == ((0, vector) if on_vectors else (plain, 0)), (head_dim, vectorized, plain, vector)
+            rows["plain"] += plain
+            rows["vector"] += vector
+        made += len(answers)
     if ext.vector_isa():  # the sanitized build must have run its vector path, not only the loops
         assert rows["vector"] > 0 and rows["plain"] > 0, rows
     print(f"checked {made} calls on {ext.vector_isa() or 'plain loops'}: {rows['vector']} vector rows, "

@@ -93,18 +93,35 @@ def test_the_build_takes_the_widest_vectors_the_cpu_has(built):
 VECTOR_WIDTH = {"AVX-512": 16, "AVX2": 8, "": 0}  # floats per vector of each path vector_isa() names
 
 
-def rows_run(built, call):
-    """How many rows call() attended on each path, as the kernel counted them."""
-    before = built.attention_rows()
-    call()
-    after = built.attention_rows()
-    return {path: after[path] - before[path] for path in after}
+def path_rows(rows) -> dict[str, int]:
+    """A kernel call's answer, (plain rows, vector rows), by name."""
+    plain, vector = rows
+    return {"plain": plain, "vector": vector}
+
+
+def decode_rows_run(built, monkeypatch, case, vectorized):
+    """The rows attend_planned's one kernel call attended on each path, as that call returned them."""
+    answers = []
+
+    class Recording:  # the built module, keeping what paged_decode answered
+        def __getattr__(self, name):
+            return getattr(built, name)
+
+        def paged_decode(self, *args):
+            answers.append(built.paged_decode(*args))
+            return answers[-1]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(cpu_extension, "extension", Recording)
+        attend(case, vectorized)
+    assert len(answers) == 1, answers
+    return path_rows(answers[0])
 
 
 @pytest.mark.parametrize("head_dim", [16, 36, 40, 64, 128])
-def test_each_head_dim_runs_the_path_the_build_promises(built, head_dim):
-    """vector_isa() names the macro the build took; this counts what actually ran. A build
-    whose dispatch lost its vector branch passes every accuracy test at plain-loop speed."""
+def test_each_head_dim_runs_the_path_the_build_promises(built, monkeypatch, head_dim):
+    """vector_isa() names the macro the build took; each call's answer says what actually ran.
+    A build whose dispatch lost its vector branch passes every accuracy test at plain-loop speed."""
     width = VECTOR_WIDTH[built.vector_isa()]
     vector = bool(width) and head_dim % width == 0  # 40: AVX2's 5 vectors, AVX-512's plain loops
     assert built.vectorized_for(head_dim) == vector
@@ -112,15 +129,18 @@ def test_each_head_dim_runs_the_path_the_build_promises(built, head_dim):
     case = build_case(torch.Generator().manual_seed(head_dim), lens, kv_heads=2, group=3, head_dim=head_dim)
     decode_rows = 3 * 2  # rows with something to read, times kv heads
     want = {"vector": decode_rows, "plain": 0} if vector else {"vector": 0, "plain": decode_rows}
-    assert rows_run(built, lambda: attend(case, True)) == want
-    assert rows_run(built, lambda: attend(case, False)) == {"vector": 0, "plain": decode_rows}
+    assert decode_rows_run(built, monkeypatch, case, True) == want
+    assert decode_rows_run(built, monkeypatch, case, False) == {"vector": 0, "plain": decode_rows}
     q, k, v = fused_qkv(torch.Generator().manual_seed(1), sum(lens), 6, 2, head_dim)
     starts = torch.tensor([0, 5, 22, 22, 31], dtype=torch.int64)
     prefill_rows = sum(lens) * 2
     out = torch.empty(q.shape)
     want = {"vector": prefill_rows, "plain": 0} if vector else {"vector": 0, "plain": prefill_rows}
-    assert rows_run(built, lambda: built.causal_prefill(q, k, v, starts, head_dim ** -0.5, out, True)) == want
+    assert path_rows(built.causal_prefill(q, k, v, starts, head_dim ** -0.5, out, True)) == want
     assert_close(out, causal_oracle(q, k, v, lens), 1e-5)
+    out_plain = torch.empty(q.shape)
+    assert path_rows(built.causal_prefill(q, k, v, starts, head_dim ** -0.5, out_plain, False)) == {
+        "vector": 0, "plain": prefill_rows}
 
 
 @pytest.mark.parametrize("vectorized", PATHS)
