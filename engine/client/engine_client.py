@@ -1,7 +1,10 @@
 """EngineClient: requests and replies on the supervisor's control socket (a DEALER).
 
 Every message carries an `id`; replies and stream events come back with it, so several
-requests can be in flight on one client. Use a client from one thread only.
+requests can be in flight on one client. Use a client from one thread only. The named
+methods build their op's struct (engine/wire/messages/control.py); `send` and `call` take
+any op by name with free fields, for ops and values no struct vouches for (hostile-input
+tests, an older or newer engine).
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from collections.abc import Iterator
 
 import zmq
 
+from engine.wire.messages import control
+from engine.wire.messages.base import ControlCall
+from engine.wire.messages.codec import header_of
 from engine.wire.protocol import Message, ProtocolError, pack, unpack
 from engine.wire.sockets import drain, harden
 
@@ -61,9 +67,15 @@ class EngineClient:
 
     # ---- plumbing ---------------------------------------------------------------------
     def send(self, op: str, **fields) -> int:
-        """Send one op; returns the id its answers will carry."""
+        """Send one op by name, its fields as given; returns the id its answers will carry."""
         msg_id = next(self._ids)
         self.sock.send_multipart(pack({"op": op, "id": msg_id, **fields}), copy=False)
+        return msg_id
+
+    def send_message(self, message: ControlCall) -> int:
+        """Send one typed op (its `id` is this client's next); returns that id."""
+        msg_id = next(self._ids)
+        self.sock.send_multipart(pack({**header_of(message), "id": msg_id}), copy=False)
         return msg_id
 
     def recv_for(self, msg_id, timeout_s: float | None = None) -> Message:
@@ -92,20 +104,31 @@ class EngineClient:
         return self.call_with_arrays(op, timeout_s=timeout_s, **fields)[0]
 
     def call_with_arrays(self, op: str, timeout_s: float | None = None, **fields):
-        msg = self.recv_for(self.send(op, **fields), timeout_s)
+        return self._answer(self.send(op, **fields), timeout_s)
+
+    def ask(self, message: ControlCall, timeout_s: float | None = None) -> dict:
+        """Send a typed op, wait for its reply; returns the result. Raises RemoteError or TimeoutError."""
+        return self.ask_with_arrays(message, timeout_s)[0]
+
+    def ask_with_arrays(self, message: ControlCall, timeout_s: float | None = None):
+        return self._answer(self.send_message(message), timeout_s)
+
+    def _answer(self, msg_id: int, timeout_s: float | None):
+        msg = self.recv_for(msg_id, timeout_s)
         if msg.op == "error":
             raise _remote_error(msg)
         return msg.get("result", {}), msg.arrays
 
     # ---- requests ---------------------------------------------------------------------
     def submit(self, prompt_ids: list[int] | None = None, *, prompt: str | None = None, **params) -> int:
-        """Start a generation; returns the id of its event stream (see events())."""
+        """Start a generation; returns the id of its event stream (see events()). `params`
+        are control.Submit's fields (a None one is left out); raises TypeError for another."""
         fields = {k: v for k, v in params.items() if v is not None}
         if prompt_ids is not None:
             fields["prompt_ids"] = [int(t) for t in prompt_ids]
         if prompt is not None:
             fields["prompt"] = prompt
-        return self.send("submit", **fields)
+        return self.send_message(control.Submit(**fields))
 
     def events(self, stream_id, timeout_s: float | None = None) -> Iterator[Message]:
         """accepted, token..., then done (or error). Raises TimeoutError if the engine goes quiet."""
@@ -130,39 +153,39 @@ class EngineClient:
 
     # ---- control ----------------------------------------------------------------------
     def status(self) -> dict:
-        return self.call("status")
+        return self.ask(control.Status())
 
     def ping(self) -> dict:
-        return self.call("ping")
+        return self.ask(control.Ping())
 
     def start(self, worker: str) -> dict:
-        return self.call("start", worker=worker)
+        return self.ask(control.Start(worker=worker))
 
     def stop(self, worker: str) -> dict:
-        return self.call("stop", worker=worker)
+        return self.ask(control.Stop(worker=worker))
 
     def restart(self, worker: str) -> dict:
-        return self.call("restart", worker=worker)
+        return self.ask(control.Restart(worker=worker))
 
     def reconfigure(self, changes: dict, *, apply: bool = False) -> dict:
-        return self.call("reconfigure", changes=changes, apply=apply)
+        return self.ask(control.Reconfigure(changes=changes, apply=apply))
 
     def keyframe(self) -> dict:
-        return self.call("keyframe")
+        return self.ask(control.Keyframe())
 
     def page_metadata(self, pool: str) -> dict:
         """The pool's five metadata arrays as its worker holds them now."""
-        result, arrays = self.call_with_arrays("page_metadata", pool=pool)
+        result, arrays = self.ask_with_arrays(control.PageMetadata(pool=pool))
         return {k: v.copy() for k, v in arrays.items()}
 
     def audit(self, request_id: str) -> dict:
-        return self.call("audit", request_id=request_id)
+        return self.ask(control.Audit(request_id=request_id))
 
     def ack_alert(self, ids: list[str]) -> dict:
-        return self.call("ack_alert", ids=list(ids))
+        return self.ask(control.AckAlert(ids=list(ids)))
 
     def cancel(self, request_id: str) -> dict:
-        return self.call("cancel", request_id=request_id)
+        return self.ask(control.Cancel(request_id=request_id))
 
 
 def _remote_error(msg: Message) -> RemoteError:

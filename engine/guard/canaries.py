@@ -89,7 +89,7 @@ class CanaryBook:
             self.by_request.pop(old.request_id, None)
         return canary
 
-    def is_canary_slot(self, slot: int) -> bool:
+    def is_canary_slot(self, slot: object) -> bool:
         return slot in self.by_slot
 
     def markers_in(self, output_ids: list[int], exclude_slot: int | None = None) -> list[Canary]:

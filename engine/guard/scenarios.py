@@ -1,7 +1,8 @@
 """Named reproduction scenarios: a config (faults, pools) and a workload each.
 
-Sizes keep the incident's proportions where it matters (the prefill pool holds 65% of the
-context window) and run on a CPU in well under a minute per scenario.
+One scenario per fault of engine/wire/defences.py, made from its declaration (`Staging`), and
+`clean`, which has none. Sizes keep the incident's proportions where it matters (the prefill
+pool holds 65% of the context window) and run on a CPU in well under a minute per scenario.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.wire.defences import DEFENCE_NAMES as DEFENCES
+from engine.wire.defences import FAULT_NAMES, FAULTS, Switch
 from engine.wire.prompt_form import PROMPT_FORM
 
 PAGE = 16
 WINDOW = 2048
 PREFILL_PAGES = 83  # 1,328 tokens: 64.8% of the 2,048-token window, as 681,280 / 1,048,576
+ROWS = ("all on", *(f"{d} off" for d in DEFENCES))  # a scenario's rows unless it says otherwise
 
 
 @dataclass
@@ -25,7 +28,8 @@ class Scenario:
     faults: dict = field(default_factory=dict)
     sections: dict = field(default_factory=dict)
     workload: Callable[[random.Random, float], list[dict]] = None  # (rng, scale) -> submit fields
-    rows: tuple[str, ...] = ("all on", *(f"{d} off" for d in DEFENCES))
+    rows: tuple[str, ...] = ROWS
+    tenant: str = ""  # the one tenant whose requests the faults act on; "": every request
 
 
 BOS = 256  # the byte-level default model's <s>
@@ -83,23 +87,28 @@ def thousands(rng: random.Random, scale: float) -> list[dict]:
     return ordinary(rng, max(20, int(2000 * scale)), longest=200)
 
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
-    Scenario("incident-placeholder",
-             "the 2026 incident: a window of 2,048 tokens over a prefill pool of 1,328 (65%); over-long "
-             "requests are rejected but replaced by a one-token placeholder that still goes through prefill "
-             "and transfer while decode reserved the full length; freed pages are not scrubbed",
-             faults={"placeholder_on_reject": True, "skip_scrub": True}, workload=incident_workload,
-             rows=("all on", *(f"{d} off" for d in DEFENCES), "manifest_check+writer_tag_check off")),
-    Scenario("skip-scrub", "freed pages keep their data", faults={"skip_scrub": True}, workload=steady),
-    Scenario("early-release", "decode frees reserved pages before their transfer arrives",
-             faults={"early_release": True}, workload=steady),
-    Scenario("short-transfer", "prefill sends one page fewer than its manifest says",
-             faults={"short_transfer": True}, workload=steady),
-    Scenario("stale-block-table", "a decode page table names the page the pool hands out next",
-             faults={"stale_block_table": True}, workload=steady),
-    Scenario("clean", "thousands of ordinary requests with canaries due ten a second (at most two running at once), no fault", workload=thousands,
-             sections={"canaries": {"enabled": True, "per_minute": 600}}, rows=("all on",)),
-)}
+WORKLOADS = {"steady": steady, "incident": incident_workload, "thousands": thousands}  # Staging.workload
+
+
+def fault_scenario(fault: Switch) -> Scenario:
+    """The scenario that stages `fault`, from its declaration; raises ValueError naming a
+    workload or a fault its Staging names that does not exist."""
+    staging = fault.staging
+    if staging.workload not in WORKLOADS:
+        raise ValueError(f"fault {fault.name}: unknown workload {staging.workload!r}; known: {', '.join(WORKLOADS)}")
+    unknown = [name for name in staging.with_faults if name not in FAULT_NAMES]
+    if unknown:
+        raise ValueError(f"fault {fault.name}: with_faults names unknown faults {unknown}")
+    return Scenario(staging.scenario or fault.name.replace("_", "-"), staging.story or fault.help,
+                    faults=dict.fromkeys((fault.name, *staging.with_faults), True),
+                    workload=WORKLOADS[staging.workload], tenant=staging.tenant,
+                    rows=(*ROWS, *staging.extra_rows))
+
+
+CLEAN = Scenario("clean", "thousands of ordinary requests with canaries due ten a second (at most two running at "
+                 "once), no fault", workload=thousands, sections={"canaries": {"enabled": True, "per_minute": 600}},
+                 rows=("all on",))
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (*map(fault_scenario, FAULTS), CLEAN)}
 
 
 def config_sections(scenario: Scenario) -> dict:

@@ -26,11 +26,18 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Container
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from engine.wire.alert_kinds import BY_NAME
 from engine.wire.states import AlertState
+
+if TYPE_CHECKING:  # aiohttp is imported by the posting thread only
+    import aiohttp
+
+    from engine.config import EngineConfig
 
 API_PATH = "/api/v2/alerts"
 MAX_BATCH = 64  # alerts per POST
@@ -43,6 +50,8 @@ SUMMARY_CHARS = 200
 MAX_ANSWER_BYTES = 4096  # of an answer's body read, for the error text; the rest is never read
 SHOWN_ANSWER_CHARS = 200  # of that body (or a Location) quoted in last_error and the log
 READ_BUFFER_BYTES = 1 << 16  # what aiohttp may buffer from the socket ahead of the read above
+
+LabelSet = tuple[tuple[str, str], ...]  # an alert's identity to Alertmanager (_fingerprint)
 
 
 def rfc3339(when: float) -> str:
@@ -70,14 +79,14 @@ def redacted_url(url: str) -> str:
         return "(a URL that does not parse)"
 
 
-def shown_config(config) -> dict:
+def shown_config(config: EngineConfig) -> dict[str, Any]:
     """An EngineConfig as status shows it to every client: its dict, webhook_url redacted."""
     shown = config.to_dict()
     shown["alerts"]["webhook_url"] = redacted_url(shown["alerts"]["webhook_url"])
     return shown
 
 
-def shown_changes(changes: dict) -> dict:
+def shown_changes(changes: dict[str, Any]) -> dict[str, Any]:
     """A reconfigure request as the audit and the journal keep it (viewers read both): a
     webhook_url in it redacted."""
     alerts = changes.get("alerts") if isinstance(changes, dict) else None
@@ -96,7 +105,7 @@ def instance_label(control_endpoint: str) -> str:
     return f"{scheme}://{host}:{port}" if scheme else f"{host}:{port}"
 
 
-def to_alertmanager(record: dict, *, instance: str, generator_url: str = "") -> dict:
+def to_alertmanager(record: dict[str, Any], *, instance: str, generator_url: str = "") -> dict[str, Any]:
     """One AlertBook record as an Alertmanager v2 alert (postableAlert): labels identify it
     (kind, severity, the alert's id, the engine), annotations describe it, startsAt is when
     this episode began, endsAt is set once it resolved."""
@@ -119,7 +128,7 @@ def to_alertmanager(record: dict, *, instance: str, generator_url: str = "") -> 
         annotations["requests"] = _clip(", ".join(map(str, record["requests"])), MAX_TEXT)
     if record.get("subject"):
         annotations["subject"] = _clip(str(record["subject"]), SUMMARY_CHARS)
-    alert = {"labels": labels, "annotations": annotations, "startsAt": rfc3339(record["first_seen"])}
+    alert: dict[str, Any] = {"labels": labels, "annotations": annotations, "startsAt": rfc3339(record["first_seen"])}
     if record.get("state") == AlertState.RESOLVED:
         alert["endsAt"] = rfc3339(record.get("resolved_at") or time.time())
     if generator_url:
@@ -127,7 +136,7 @@ def to_alertmanager(record: dict, *, instance: str, generator_url: str = "") -> 
     return alert
 
 
-async def _read_head(content) -> bytes:
+async def _read_head(content: aiohttp.StreamReader) -> bytes:
     """At most MAX_ANSWER_BYTES of a body (fewer when it ends first)."""
     head = b""
     while len(head) < MAX_ANSWER_BYTES and (chunk := await content.read(MAX_ANSWER_BYTES - len(head))):
@@ -135,7 +144,7 @@ async def _read_head(content) -> bytes:
     return head
 
 
-def _body_note(response, head: bytes) -> str:
+def _body_note(response: aiohttp.ClientResponse, head: bytes) -> str:
     """': <the body's first characters>', saying how long the body was when it was cut."""
     text = _printable(head.decode("utf-8", errors="replace")).strip()
     size = response.content_length
@@ -157,7 +166,7 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def _fingerprint(alert: dict) -> tuple:
+def _fingerprint(alert: dict[str, Any]) -> LabelSet:
     """What Alertmanager tells alerts apart by: the label set."""
     return tuple(sorted(alert["labels"].items()))
 
@@ -165,13 +174,13 @@ def _fingerprint(alert: dict) -> tuple:
 class _Firing:
     __slots__ = ("alert", "last_sent")
 
-    def __init__(self, alert: dict, last_sent: float):
+    def __init__(self, alert: dict[str, Any], last_sent: float) -> None:
         self.alert, self.last_sent = alert, last_sent  # last_sent 0: never delivered, due now
 
 
 class AlertForwarder:
-    def __init__(self, *, instance: str, timeout_s: float = TIMEOUT_S, backoff_s: tuple = BACKOFF_S,
-                 gather_s: float = GATHER_S, max_batch: int = MAX_BATCH):
+    def __init__(self, *, instance: str, timeout_s: float = TIMEOUT_S, backoff_s: tuple[float, float] = BACKOFF_S,
+                 gather_s: float = GATHER_S, max_batch: int = MAX_BATCH) -> None:
         """Off until configure() gives it a URL. instance: the engine's `instance` label."""
         self.instance = instance
         self.timeout_s, self.backoff_s, self.gather_s, self.max_batch = timeout_s, backoff_s, gather_s, max_batch
@@ -181,7 +190,7 @@ class AlertForwarder:
         self.lock = threading.Lock()  # the supervisor thread offers, the posting thread takes
         # What Alertmanager must hear, each at most queue_max (least recently changed dropped first):
         self.firing: OrderedDict[str, _Firing] = OrderedDict()  # alert id -> firing alert, (re)sent
-        self.ending: OrderedDict[tuple, dict] = OrderedDict()  # label set -> alert with endsAt, sent once
+        self.ending: OrderedDict[LabelSet, dict[str, Any]] = OrderedDict()  # label set -> alert with endsAt, sent once
         self.sent = self.failed = self.dropped = 0  # alerts delivered, POSTs failed, alerts never delivered
         self.last_error: str | None = None
         self.last_sent_at: float | None = None
@@ -212,7 +221,7 @@ class AlertForwarder:
             self._thread.start()
         self._poke()
 
-    def offer(self, record: dict) -> None:
+    def offer(self, record: dict[str, Any]) -> None:
         """An alert record changed (AlertBook publishes it): note what Alertmanager must hear.
         A firing alert is due at once when it is new (a new episode, or another severity);
         a repeat of one already sent only refreshes what the next resend carries."""
@@ -232,19 +241,18 @@ class AlertForwarder:
             else:
                 same = known is not None and known.alert["startsAt"] == alert["startsAt"] \
                     and _fingerprint(known.alert) == _fingerprint(alert)
-                # (same implies known is not None)
-                self.firing[aid] = _Firing(alert, known.last_sent if same else 0.0)  # type: ignore[union-attr]
+                self.firing[aid] = _Firing(alert, known.last_sent if known is not None and same else 0.0)
                 self._trim()
         self._poke()
 
-    def keep(self, ids) -> None:
+    def keep(self, ids: Container[str]) -> None:
         """Forget firing alerts the alert book no longer holds (evicted): they are not resent,
         and Alertmanager resolves them after its resolve_timeout."""
         with self.lock:
             for aid in [a for a in self.firing if a not in ids]:
                 self.dropped += not self.firing.pop(aid).last_sent
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """The counts for status and /metrics: sent (alerts delivered, resends included),
         failed (POSTs that failed), dropped (alerts never delivered: past the bound, or
         refused by the receiver), queued (waiting for their first delivery)."""
@@ -263,7 +271,7 @@ class AlertForwarder:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
-    def _end(self, alert: dict) -> None:
+    def _end(self, alert: dict[str, Any]) -> None:
         self.ending[_fingerprint(alert)] = alert
         self._trim()
 
@@ -285,10 +293,10 @@ class AlertForwarder:
                 pass
 
     # ---- the posting thread ----------------------------------------------------------------
-    def take(self, now: float) -> tuple[list[dict], list[dict]]:
+    def take(self, now: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The next batch: ends (oldest first), then firing alerts due (never sent first)."""
         with self.lock:
-            ends: list[dict] = []
+            ends: list[dict[str, Any]] = []
             while self.ending and len(ends) < self.max_batch:
                 ends.append(self.ending.popitem(last=False)[1])
             due = [e for e in self.firing.values() if now - e.last_sent >= self.resend_s]
@@ -305,7 +313,7 @@ class AlertForwarder:
             due = min((e.last_sent + self.resend_s for e in self.firing.values()), default=now + self.resend_s)
         return max(0.0, due - now)
 
-    def delivered(self, ends: list[dict], firing: list[dict], now: float) -> None:
+    def delivered(self, ends: list[dict[str, Any]], firing: list[dict[str, Any]], now: float) -> None:
         with self.lock:
             self.sent += len(ends) + len(firing)
             self.last_sent_at = now
@@ -313,7 +321,8 @@ class AlertForwarder:
                 print(f"alert forwarding: {self.shown_url} takes alerts again", file=sys.stderr, flush=True)
             self.failing_since = None
 
-    def undelivered(self, ends: list[dict], firing: list[dict], error: str, *, retry: bool) -> None:
+    def undelivered(self, ends: list[dict[str, Any]], firing: list[dict[str, Any]], error: str, *,
+                    retry: bool) -> None:
         """A failed POST: its ends wait again, in front (the bound drops them first), its
         firing alerts are due again. Without retry (the receiver refused them) they are
         dropped and counted."""
@@ -376,7 +385,7 @@ class AlertForwarder:
                     first, most = self.backoff_s
                     await self._sleep(min(most, first * 2 ** (failures - 1)))
 
-    async def _post(self, session, alerts: list[dict]) -> tuple[str | None, bool]:
+    async def _post(self, session: aiohttp.ClientSession, alerts: list[dict[str, Any]]) -> tuple[str | None, bool]:
         """(None, _) when delivered; else (why, whether to retry). A redirect is not followed:
         it is a failed delivery (naming the Location refused), retried like a 5xx."""
         import aiohttp
@@ -403,14 +412,16 @@ class AlertForwarder:
             return f"{shown}: {type(exc).__name__}: {why.replace(query, '(query)') if query else why}", True
 
     async def _wait(self, timeout_s: float | None) -> None:
+        assert self._wake is not None  # _run() set it before it waits
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout_s)  # type: ignore[union-attr]  # _run() set it
+            await asyncio.wait_for(self._wake.wait(), timeout_s)
         except asyncio.TimeoutError:
             pass
 
     async def _sleep(self, seconds: float) -> None:
         """Backoff: new changes only queue meanwhile; stop() ends it."""
+        assert self._wake is not None  # _run() set it before any backoff
         deadline = time.monotonic() + seconds
         while not self._stopping and (left := deadline - time.monotonic()) > 0:
-            self._wake.clear()  # type: ignore[union-attr]  # _run() set it before any backoff
+            self._wake.clear()
             await self._wait(left)

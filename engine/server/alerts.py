@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from engine.wire.alert_kinds import ISOLATION_KINDS, SEVERITIES, alert_kind, check_severity
 from engine.wire.states import AlertState
@@ -31,30 +33,34 @@ MAX_TRANSITIONS = 50  # state changes kept per alert (snapshots show them)
 MAX_PAST = 2_000  # ended episodes kept in memory (the journal keeps them all); past it the oldest go, counted
 MAX_DISTINCT = 1_000_000  # distinct requests / pages counted per episode; past it the totals are lower bounds
 
+Record = dict[str, Any]  # one alert episode as it goes on the wire and into the journal
+Listener = Callable[[Record], None]
+_T = TypeVar("_T")
+
 
 class AlertBook:
-    def __init__(self, publish, changed=None):
+    def __init__(self, publish: Listener, changed: Listener | None = None) -> None:
         """publish(record: dict) sends one alert record on the telemetry topic (a repeat at most
         every REPUBLISH_S); changed(record), when given, hears of every change at once, unthrottled
         (the evidence journal: a crash must not lose a second of counts)."""
         self.publish = publish
-        self.changed = changed or (lambda record: None)
-        self.alerts: OrderedDict[str, dict] = OrderedDict()
+        self.changed: Listener = changed or (lambda record: None)
+        self.alerts: OrderedDict[str, Record] = OrderedDict()
         self.conditions: set[str] = set()  # ids that resolve on a condition, not on quiet
         self.evicted = 0
-        self.past: deque[dict] = deque()  # ended episodes, oldest first
+        self.past: deque[Record] = deque()  # ended episodes, oldest first
         self.past_evicted = 0
-        self.previous: list[dict] = []  # episodes of earlier engine runs (from the journal), read-only
+        self.previous: list[Record] = []  # episodes of earlier engine runs (from the journal), read-only
         self._episodes: dict[str, int] = {}  # alert id -> its newest episode number
-        self._distinct: dict[str, tuple[set, set]] = {}  # alert id -> (requests, pages) of the live episode
+        self._distinct: dict[str, tuple[set[str], set[int]]] = {}  # alert id -> (requests, pages) of the live episode
         self._published: dict[str, float] = {}  # alert id -> when it was last published
         self._held: set[str] = set()  # repeats not yet published (flush() sends them)
 
     def fire(self, kind: str, severity: str, detail: str, *, subject: str = "", condition: bool = False,
-             requests=(), pages=(), **fields) -> dict:
+             requests: Iterable[str] = (), pages: Iterable[int] = (), **fields: Any) -> Record:
         return self._set(AlertState.FIRING, kind, severity, detail, subject, condition, requests, pages, fields)
 
-    def pending(self, kind: str, severity: str, detail: str, *, subject: str = "", **fields) -> dict:
+    def pending(self, kind: str, severity: str, detail: str, *, subject: str = "", **fields: Any) -> Record:
         return self._set(AlertState.PENDING, kind, severity, detail, subject, True, (), (), fields)
 
     def resolve(self, kind: str, subject: str = "") -> None:
@@ -68,8 +74,8 @@ class AlertBook:
     def acknowledge(self, ids: list[str]) -> list[str]:
         """Mark alerts acknowledged, by id (its live episode) or by key (any episode, of this
         run or an earlier one); returns the ids and keys that exist."""
-        done = []
-        by_key = None
+        done: list[str] = []
+        by_key: dict[str, Record] | None = None
         for aid in ids:
             record = self.alerts.get(aid)
             if record is None:
@@ -96,15 +102,15 @@ class AlertBook:
                 self.changed(record)
                 self.publish(dict(record))
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[Record]:
         """Every episode kept: earlier runs', then this run's ended ones, then the live ones."""
         return [dict(r) for r in (*self.previous, *self.past, *self.alerts.values())]
 
-    def live(self) -> list[dict]:
+    def live(self) -> list[Record]:
         """The newest episode of each alert of this run."""
         return [dict(r) for r in self.alerts.values()]
 
-    def add_previous(self, records: list[dict], left_out: int = 0) -> None:
+    def add_previous(self, records: list[Record], left_out: int = 0) -> None:
         """Episodes of an earlier engine run, read back from the journal: shown, never changed
         (acknowledging one is the only edit) and never forwarded again. Their key names their run
         (`run/id#episode`: episode numbers start again in every run); `journal_key` is the key
@@ -113,13 +119,14 @@ class AlertBook:
                          for r in records]
         self.previous_left_out = left_out
 
-    def counts(self) -> dict:
+    def counts(self) -> dict[str, int]:
         """What the records leave out, so that a reader can say so."""
         return {"live": len(self.alerts), "past": len(self.past), "past_left_out": self.past_evicted,
                 "evicted": self.evicted, "previous": len(self.previous),
                 "previous_left_out": getattr(self, "previous_left_out", 0)}
 
-    def _set(self, state, kind, severity, detail, subject, condition, requests, pages, fields) -> dict:
+    def _set(self, state: AlertState, kind: str, severity: str, detail: str, subject: str, condition: bool,
+             requests: Iterable[str], pages: Iterable[int], fields: dict[str, Any]) -> Record:
         alert_kind(kind), check_severity(severity)  # a kind or severity not declared is a bug: raise
         aid = _alert_id(kind, subject)
         now = time.time()
@@ -200,7 +207,7 @@ class AlertBook:
         return True
 
 
-    def _end_episode(self, aid: str, record: dict) -> None:
+    def _end_episode(self, aid: str, record: Record) -> None:
         """Keep an ended episode whole in `past`; past MAX_PAST the oldest go,
         counted (the journal still holds them)."""
         self._distinct.pop(aid, None)
@@ -210,7 +217,7 @@ class AlertBook:
             self.past_evicted += 1
 
 
-def _count(seen: set, new: list, total: int) -> int:
+def _count(seen: set[_T], new: list[_T], total: int) -> int:
     """Distinct items ever named: exact while `seen` is under MAX_DISTINCT, then it only grows
     by the new items that were not among the remembered ones (a lower bound)."""
     before = len(seen)
@@ -220,11 +227,11 @@ def _count(seen: set, new: list, total: int) -> int:
     return total + sum(1 for item in new if item not in seen)
 
 
-def _protected(record: dict) -> bool:
+def _protected(record: Record) -> bool:
     return record["kind"] in ISOLATION_KINDS and record["severity"] == "critical"
 
 
-def _transition(record: dict, state: str, when: float) -> None:
+def _transition(record: Record, state: str, when: float) -> None:
     record["transitions"] = [*record["transitions"], [state, when]][-MAX_TRANSITIONS:]
 
 
@@ -232,6 +239,6 @@ def _alert_id(kind: str, subject: str) -> str:
     return f"{kind}:{subject}" if subject else kind
 
 
-def _bounded(old: list, new: list) -> list:
+def _bounded(old: list[_T], new: list[_T]) -> list[_T]:
     merged = list(dict.fromkeys([*old, *new]))
     return merged[-MAX_LISTED:]

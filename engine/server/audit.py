@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,16 +27,20 @@ MAX_EVENTS = 256  # per subject
 MAX_LIST = 16  # items kept of one list field
 REPEATING = ("alert:", "cross_read", "ownership_violation")  # prefixes of events merged when repeated
 
+Event = dict[str, Any]  # {"event", "time", **fields}: what `events` and `since` answer with
+MergeKey = tuple[str, object, object, object]  # (event, role, prevented, pool)
+Sink = Callable[[str, str, float, dict[str, Any]], None]  # (subject, event, time, fields)
+
 
 @dataclass
 class _Subject:
     seq: int
-    events: list[dict] = field(default_factory=list)
-    merged: dict[tuple, int] = field(default_factory=dict)  # merge key -> index in events
+    events: list[Event] = field(default_factory=list)
+    merged: dict[MergeKey, int] = field(default_factory=dict)  # merge key -> index in events
     elided: int = 0
     latest: float = 0.0  # the time of its newest event kept (a merged repeat counts)
 
-    def listing(self) -> list[dict]:
+    def listing(self) -> list[Event]:
         out = list(self.events)
         if self.elided:
             out.append({"event": "elided", "time": out[-1]["time"] if out else 0.0, "count": self.elided,
@@ -43,7 +48,7 @@ class _Subject:
         return out
 
 
-def _bounded(fields: dict) -> dict:
+def _bounded(fields: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in fields.items():
         if isinstance(value, (list, tuple)) and len(value) > MAX_LIST:
@@ -54,7 +59,7 @@ def _bounded(fields: dict) -> dict:
 
 
 class AuditLog:
-    def __init__(self, max_requests: int = MAX_REQUESTS, sink=None):
+    def __init__(self, max_requests: int = MAX_REQUESTS, sink: Sink | None = None) -> None:
         """sink(subject, event, time, fields): every event as it is recorded, before merging and
         the per-subject cap (the evidence journal keeps what memory cannot); repeats merged into
         an earlier event are not passed again (the journal has the crossings and alerts whole)."""
@@ -65,7 +70,7 @@ class AuditLog:
         self.forgotten = 0  # subjects dropped from memory (the journal has them)
         self.forgotten_until = 0.0  # the newest event time among them: a window reaching before it is partial here
 
-    def record(self, request_id: str, event: str, **fields) -> None:
+    def record(self, request_id: str, event: str, **fields: Any) -> None:
         subject = self._subjects.get(request_id)
         if subject is None:
             subject = self._subjects[request_id] = _Subject(self._next_seq)
@@ -75,7 +80,7 @@ class AuditLog:
                 self.forgotten += 1
                 self.forgotten_until = max(self.forgotten_until, gone.latest)
         now = time.time()
-        key = None
+        key: MergeKey | None = None
         if event.startswith(REPEATING):
             key = (event, fields.get("role"), fields.get("prevented"), fields.get("pool"))
             index = subject.merged.get(key)
@@ -98,17 +103,17 @@ class AuditLog:
         subject.events.append({"event": event, "time": now, **_bounded(fields)})
         subject.latest = now
 
-    def events(self, request_id: str) -> list[dict]:
+    def events(self, request_id: str) -> list[Event]:
         subject = self._subjects.get(request_id)
         return subject.listing() if subject is not None else []
 
     def __len__(self) -> int:
         return len(self._subjects)
 
-    def since(self, since: float, *, after: int = 0, limit: int | None = None) -> list[tuple[str, list[dict], int]]:
+    def since(self, since: float, *, after: int = 0, limit: int | None = None) -> list[tuple[str, list[Event], int]]:
         """(subject, events, seq) of subjects with an event at or after `since`, in the order
         they were first seen, starting after sequence number `after`; at most `limit`."""
-        out = []
+        out: list[tuple[str, list[Event], int]] = []
         for rid, subject in self._subjects.items():
             if subject.seq > after and subject.latest >= since:
                 out.append((rid, subject.listing(), subject.seq))

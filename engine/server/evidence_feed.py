@@ -16,11 +16,21 @@ import re
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from engine.errors import InvalidRequest
     from engine.evidence.journal import Journal
+    from engine.server.request_book import RequestBook
+    from engine.server.supervisor import Supervisor
+
+    # answer(pairs) with the affected pairs, or answer(error) when the journal could not say
+    Answer = Callable[[list[dict[str, Any]] | InvalidRequest], None]
+    Query = tuple[float | None, float | None, list[str] | None, Answer]  # since, until, runs (None: all)
 
 FLUSH_S = 0.25  # crossings and alert changes are queued this often
 KEYFRAME_QUIET_S = 10.0  # a crossing after this long without one starts a wave: keyframe the pools
@@ -52,25 +62,25 @@ def journal_path(setting: str, asked_bind: str, config_source: str) -> Path | No
 
 
 class EvidenceFeed:
-    def __init__(self, sup, path: Path | None, *, run_info: dict):
+    def __init__(self, sup: Supervisor, path: Path | None, *, run_info: dict[str, Any]) -> None:
         from engine.evidence.journal import Journal
 
         self.sup = sup
         self.journal: Journal | None = None
         self.open_error: str | None = None  # the journal could not be opened at all
         self.read_error: str | None = None  # an earlier run's evidence could not be read back
-        self.previous: dict | None = None  # the run before this one: when, and what it left
+        self.previous: dict[str, Any] | None = None  # the run before this one: when, and what it left
         self._last_flush = 0.0
         self._last_crossing = 0.0
         self._last_keyframe = -KEYFRAME_EVERY_S
         self._keyframes_skipped = 0
-        self._dirty_alerts: dict[tuple, dict] = {}
+        self._dirty_alerts: dict[tuple[str | None, str | None], dict[str, Any]] = {}  # (run, key) -> its newest record
         self._signatures: dict[str, object] = {}
         self._seen_dropped = 0
         self._seen_lost = 0
         self._failing = False
-        self._queries: queue.Queue = queue.Queue(maxsize=16)
-        self._answers: queue.Queue = queue.Queue()
+        self._queries: queue.Queue[Query | None] = queue.Queue(maxsize=16)  # None: the reader thread ends
+        self._answers: queue.Queue[tuple[Answer, list[dict[str, Any]] | InvalidRequest]] = queue.Queue()
         self._reader_thread: threading.Thread | None = None
         if path is None:
             return
@@ -109,27 +119,27 @@ class EvidenceFeed:
                          "readers": len({p["reader"] for p in pairs})}
 
     # ---- what the supervisor hands over ------------------------------------------------
-    def alert_changed(self, record: dict) -> None:
+    def alert_changed(self, record: dict[str, Any]) -> None:
         """Every change of an alert record (unthrottled): queued at the next flush, newest state."""
         if self.journal is not None:
             self._dirty_alerts[(record.get("run"), record.get("key"))] = record
 
-    def event(self, subject: str, event: str, when: float, fields: dict) -> None:
+    def event(self, subject: str, event: str, when: float, fields: dict[str, Any]) -> None:
         if self.journal is not None:
             self.journal.event(subject, event, when, fields)
 
-    def prompt(self, entry: dict) -> None:
+    def prompt(self, entry: dict[str, Any]) -> None:
         if self.journal is not None:
             self.journal.prompt(entry)
 
-    def changed(self, what: str, value, signature) -> None:
+    def changed(self, what: str, value: list[dict[str, Any]], signature: object) -> None:
         """Journal `value` (the workers' or the capacity findings) when its signature changed."""
         if self.journal is None or self._signatures.get(what) == signature:
             return
         self._signatures[what] = signature
         getattr(self.journal, what)(time.time(), value)
 
-    def keyframe(self, pool: str, arrays: dict, reason: str) -> None:
+    def keyframe(self, pool: str, arrays: dict[str, npt.NDArray[Any]], reason: str) -> None:
         import numpy as np
 
         if self.journal is None:
@@ -203,7 +213,7 @@ class EvidenceFeed:
                       subject="record", lost=journal.lost)
 
     # ---- reads for clients, off the loop ------------------------------------------------
-    def scope(self, since: float | None, until: float | None, run: str, answer) -> None:
+    def scope(self, since: float | None, until: float | None, run: str, answer: Answer) -> None:
         """An earlier run's (or every run's: "all") affected pairs, read from the journal on the
         reader thread; answer(pairs) or answer(error: InvalidRequest) is called on the loop.
         Raises InvalidRequest at once when there is no journal, no such run, or too many reads
@@ -238,7 +248,7 @@ class EvidenceFeed:
             since, until, runs, answer = job
             try:
                 # scope() starts this thread only when there is a journal
-                with JournalReader(self.journal.path) as reader:  # type: ignore[union-attr]
+                with JournalReader(cast("Journal", self.journal).path) as reader:
                     result = reader.scope(since, until, runs)
             except JournalError as exc:
                 result = InvalidRequest(str(exc))
@@ -254,7 +264,7 @@ class EvidenceFeed:
                 return
             answer(result)
 
-    def keyframes(self, since: float | None) -> tuple[list[dict], int]:
+    def keyframes(self, since: float | None) -> tuple[list[dict[str, Any]], int]:
         """This run's first page-map keyframes since `since` (FIRST_KEYFRAMES of them), arrays as
         lists (for `history`), and how many more there were."""
         if self.journal is None:
@@ -269,7 +279,7 @@ class EvidenceFeed:
         except JournalError:
             return [], 0
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         counts = {"alerts": self.sup.alerts.counts(), "keyframes_skipped": self._keyframes_skipped}
         if self.journal is None:
             return {"journal": None, "run": None, "error": self.open_error, "previous_run": None, **counts}
@@ -287,6 +297,6 @@ class EvidenceFeed:
             self.journal.close()
 
 
-def _tenant(book, request_id) -> str | None:
+def _tenant(book: RequestBook, request_id: str | None) -> str | None:
     rec = book.get(request_id) if request_id else None
     return rec.tenant if rec is not None else None

@@ -18,12 +18,13 @@ client first in turn), remove, len, in, and iteration (in service order).
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Iterator
 
 Key = tuple[str, str]  # (connection, sub-client)
 
 
 class FairQueue:
-    def __init__(self):
+    def __init__(self) -> None:
         # connection -> (sub-client -> its line); both OrderedDicts hold the turn order
         self._lines: OrderedDict[str, OrderedDict[str, deque[str]]] = OrderedDict()
         self._key_of: dict[str, Key] = {}
@@ -72,7 +73,7 @@ class FairQueue:
             if not self._lines[conn]:
                 del self._lines[conn]
 
-    def __contains__(self, request_id) -> bool:
+    def __contains__(self, request_id: object) -> bool:
         return request_id in self._key_of
 
     def __len__(self) -> int:
@@ -81,7 +82,7 @@ class FairQueue:
     def __bool__(self) -> bool:
         return bool(self._key_of)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         """The ids in the order popleft would give them (a copy: the queue may change meanwhile)."""
         copy = FairQueue()
         copy._lines = OrderedDict((conn, OrderedDict((sub, deque(line)) for sub, line in subs.items()))

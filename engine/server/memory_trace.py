@@ -23,7 +23,7 @@ def install_from_env() -> bool:
         return False
     tracemalloc.start(1)
 
-    def dump(*_) -> None:
+    def dump(*_: object) -> None:
         snapshot = tracemalloc.take_snapshot()
         stats = snapshot.statistics("lineno")
         line = {"time": time.time(), "traced": sum(s.size for s in stats),

@@ -8,6 +8,8 @@ import bisect
 import statistics
 import time
 from collections import deque
+from collections.abc import Iterable
+from typing import Any
 
 WINDOW_S = 10.0
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -17,7 +19,7 @@ TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 class Histogram:
     """Counts per upper bound since start (the last bucket is +Inf), their sum and count."""
 
-    def __init__(self, bounds: tuple[float, ...]):
+    def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
@@ -28,17 +30,18 @@ class Histogram:
         self.sum += value
         self.count += 1
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """{"buckets": [[upper bound, cumulative count], ..., ["+Inf", count]], "sum", "count"}."""
         buckets, running = [], 0
-        for bound, n in zip([*self.bounds, "+Inf"], self.counts):
+        upper: list[float | str] = [*self.bounds, "+Inf"]
+        for bound, n in zip(upper, self.counts):
             running += n
             buckets.append([bound, running])
         return {"buckets": buckets, "sum": self.sum, "count": self.count}
 
 
 class MetricsWindow:
-    def __init__(self, window_s: float = WINDOW_S):
+    def __init__(self, window_s: float = WINDOW_S) -> None:
         self.window_s = window_s
         self.tokens: deque[tuple[float, int]] = deque()
         self.ttft: deque[tuple[float, float]] = deque()
@@ -59,12 +62,12 @@ class MetricsWindow:
         self.tpot.append((now or time.monotonic(), seconds))
         self.tpot_hist.observe(seconds)
 
-    def totals(self) -> dict:
+    def totals(self) -> dict[str, Any]:
         """Since start: tokens generated, TTFT and per-request time-per-output-token histograms."""
         return {"tokens_total": self.tokens_total, "ttft_seconds": self.ttft_hist.to_dict(),
                 "tpot_seconds": self.tpot_hist.to_dict()}
 
-    def snapshot(self, now: float | None = None) -> dict:
+    def snapshot(self, now: float | None = None) -> dict[str, float | None]:
         now = now or time.monotonic()
         for series in (self.tokens, self.ttft, self.tpot):
             while series and now - series[0][0] > self.window_s:
@@ -79,6 +82,6 @@ class MetricsWindow:
         }
 
 
-def _median_ms(series) -> float | None:
+def _median_ms(series: Iterable[tuple[float, float]]) -> float | None:
     values = [v for _, v in series]
     return statistics.median(values) * 1e3 if values else None

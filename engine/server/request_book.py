@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from collections.abc import ValuesView
+from typing import Any
 
 from engine.errors import BudgetExceeded
 from engine.server.fair_queue import FairQueue
@@ -46,19 +48,19 @@ class RequestBook:
         self.live_tokens: Counter[str] = Counter()
 
     # ---- lookups ----------------------------------------------------------------------
-    def get(self, request_id) -> RequestRecord | None:
+    def get(self, request_id: str) -> RequestRecord | None:
         return self.records.get(request_id)
 
     def __getitem__(self, request_id: str) -> RequestRecord:
         return self.records[request_id]
 
-    def __contains__(self, request_id) -> bool:
+    def __contains__(self, request_id: object) -> bool:
         return request_id in self.records
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def values(self):
+    def values(self) -> ValuesView[RequestRecord]:
         return self.records.values()
 
     def slot_owner(self, slot: int) -> str | None:
@@ -95,26 +97,25 @@ class RequestBook:
         self.by_slot[rec.slot] = rec.request_id
         self.queue.append(rec.request_id, rec.fair_key)
 
-    def reserve(self, rec: RequestRecord, decode_worker: str) -> None:
-        """The head of the line goes to a decode worker to reserve its pages."""
+    def reserve(self, rec: RequestRecord) -> None:
+        """The head of the line goes to a decode worker to reserve its pages (which one:
+        Placement)."""
         if not self.queue or self.queue[0] != rec.request_id:
             raise ValueError(f"request {rec.request_id} is not at the head of the line")
         self._move(rec, Phase.RESERVING)
         self.queue.popleft()
         self.reserving.add(rec.request_id)
-        rec.decode_worker = decode_worker
 
-    def reserved(self, rec: RequestRecord, reservation: dict) -> None:
+    def reserved(self, rec: RequestRecord, reservation: dict[str, Any]) -> None:
         self._move(rec, Phase.AWAITING_PREFILL)
         self.reserving.discard(rec.request_id)
         rec.reservation = reservation
         self.awaiting_prefill.append(rec.request_id)
 
     def reserve_failed(self, rec: RequestRecord) -> None:
-        """Not final: back to the head of the line (it keeps its place), no decode worker."""
+        """Not final: back to the head of the line (it keeps its place)."""
         self._move(rec, Phase.QUEUED)
         self.reserving.discard(rec.request_id)
-        rec.decode_worker = None
         self.queue.appendleft(rec.request_id, rec.fair_key)
 
     def answered(self, request_id: str) -> None:
@@ -124,17 +125,16 @@ class RequestBook:
     def next_for_prefill(self) -> RequestRecord | None:
         return self.records[self.awaiting_prefill[0]] if self.awaiting_prefill else None
 
-    def prefill(self, rec: RequestRecord, prefill_worker: str) -> None:
+    def prefill(self, rec: RequestRecord) -> None:
         if not self.awaiting_prefill or self.awaiting_prefill[0] != rec.request_id:
             raise ValueError(f"request {rec.request_id} is not next for prefill")
         self._move(rec, Phase.PREFILLING)
         self.awaiting_prefill.popleft()
-        rec.prefill_worker = prefill_worker
 
     def decoding(self, rec: RequestRecord) -> None:
         self._move(rec, Phase.DECODING)
 
-    def end(self, rec: RequestRecord, phase: Phase, reason: str, error: dict | None = None,
+    def end(self, rec: RequestRecord, phase: Phase, reason: str, error: dict[str, Any] | None = None,
             now: float | None = None) -> bool:
         """End a request once (FINISHED, FAILED, REJECTED or CANCELLED). False when it had
         already ended: nothing changes."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.model.text_stream import TextStream
 from engine.wire.states import END_PHASES, Phase
@@ -19,13 +20,13 @@ class RequestRecord:
     slot: int
     tenant: str
     prompt_ids: list[int]
-    params: dict
+    params: dict[str, Any]  # sampling parameters, as the submit gave them
     client: bytes | None  # ROUTER identity of the submitting client
-    msg_id: object
+    msg_id: int | str | None  # the id of its submit: every event of its stream carries it
     phase: Phase = Phase.QUEUED
     decode_worker: str | None = None
     prefill_worker: str | None = None
-    reservation: dict | None = None
+    reservation: dict[str, Any] | None = None  # Reservation.to_wire(), from its decode worker
     output_ids: list[int] = field(default_factory=list)
     text: TextStream | None = None  # its output text, piece by piece (the supervisor's tokenizer)
     arrival: float = field(default_factory=time.monotonic)
@@ -33,7 +34,7 @@ class RequestRecord:
     first_token_at: float | None = None
     finished_at: float | None = None
     finish_reason: str | None = None
-    error: dict | None = None
+    error: dict[str, Any] | None = None  # {"code", "message"} as PageWardenError.to_wire() makes it
     cancel_requested: bool = False
     placeholder: bool = False  # the placeholder_on_reject fault stood in for it
     pages: dict[str, int] = field(default_factory=dict)  # pool name -> pages held
@@ -71,7 +72,7 @@ class RequestRecord:
     def ttft_s(self) -> float | None:
         return None if self.first_token_at is None else self.first_token_at - self.arrival
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {
             "request_id": self.request_id, "slot": self.slot, "tenant": self.tenant,
             "phase": self.phase.value, "prompt_len": self.prompt_len, "prompt_hash": self.prompt_hash,

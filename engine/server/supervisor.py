@@ -19,41 +19,45 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from engine.capacity import check_capacity, exceeding
+from engine.capacity import CapacityFinding, check_capacity, exceeding
 from engine.config import EngineConfig
-from engine.errors import ConfigError, NoWorker, PageWardenError, WorkerCrashed, WorkerStartFailed, WorkerStopped
+from engine.errors import ConfigError, PageWardenError, WorkerCrashed, WorkerStartFailed, WorkerStopped
 from engine.guard.canaries import CanaryBook
 from engine.guard.read_log import ReadLog
-from engine.model.config import read_model_config
-from engine.model.text_stream import TextStream
+from engine.model.config import ModelConfig, read_model_config
 from engine.pool_memory import check_pool_memory
-from engine.server import reconfigure
 from engine.server.alert_forward import AlertForwarder, instance_label, shown_config
 from engine.server.alerts import AlertBook
 from engine.server.audit import AuditLog
 from engine.server.evidence_feed import EvidenceFeed, journal_path
+from engine.server.isolation_reports import IsolationReports
 from engine.server.metrics import MetricsWindow
+from engine.server.outbox import Outbox
+from engine.server.output_text import OutputText
+from engine.server.pending_asks import PendingAsks
+from engine.server.placement import Placement
 from engine.server.prompt_text import PromptTokenizer
+from engine.server.reconfigure import Reconfigure
 from engine.server.request_book import RequestBook
 from engine.server.request_record import RequestRecord
+from engine.server.request_route import RequestRoute
 from engine.server.telemetry import TelemetryPublisher
+from engine.server.topics import PERIODIC_TOPICS
 from engine.server.worker_handle import WorkerHandle
-from engine.server.worker_pool import WorkerPool
-from engine.wire.bus_ops import TO_WORKER, check_op
-from engine.wire.protocol import CANARY_TENANT, ProtocolError, error_reply, message_id, pack, unpack
+from engine.server.worker_pool import UNRESPONSIVE_FIRING_S, WorkerPool
+from engine.wire.messages.to_worker import Configure, Ping, Telemetry
+from engine.wire.messages.base import WorkerCommand
+from engine.wire.protocol import HEARTBEAT_TIMEOUT_S, ProtocolError, error_reply, message_id, unpack
 from engine.wire.roles import DEFAULT_LOCAL_ROLE, check_role
 from engine.wire.sockets import bind_endpoint, drain, harden
-from engine.wire.states import Phase, Topic, WorkerState
+from engine.wire.states import AlertState, Topic, WorkerState
 
 if TYPE_CHECKING:
     from engine.model.tokenizer import TextTokenizer
 
 DEFAULT_BIND = "tcp://127.0.0.1:5650"
-METRICS_PERIOD_S = 1.0
-PROGRESS_PERIOD_S = 0.5
-WORKERS_PERIOD_S = 2.0
-CAPACITY_PERIOD_S = 10.0
-QUEUED_NEEDS = ("decode", "prefill")  # what a queued request waits for, in the order it needs them
+PROGRESS_PERIOD_S = 0.5  # running requests' token counts on the requests topic, at most this often
+PING_PERIOD_S = 2.0  # workers that hear nothing for long assume the supervisor died
 PROMPT_LOG_KEPT = 10_000  # prompt-log entries in memory (the evidence journal keeps every one)
 
 
@@ -108,31 +112,36 @@ class Supervisor:
         self.audit = AuditLog(sink=self._audit_event)
         self.counters: Counter[str] = Counter()
         self.book = RequestBook()  # every request, and the one place a phase changes
-        self.progressed: set[str] = set()  # requests with new tokens since the last update
-        self._unplaced: set[str] = set()  # requests marked waiting for a worker (fail_unplaced)
-        self.rollback = None  # engine.server.reconfigure.Rollback while a reconfigure is being taken up
-        # ask id -> (client identity, its message id), or (None, reason) for the journal's own keyframe
-        self.pending_metadata: dict[int, tuple[bytes | None, object]] = {}
-        self.pending_truth: dict[int, dict] = {}
         self.prompt_log: deque[dict] = deque(maxlen=PROMPT_LOG_KEPT)
         self.slots = itertools.count(1)
-        self.ask_ids = itertools.count(1)
         self.started_at = time.time()
         self.ever_served = False  # a decode worker was ready once (no_decode_capacity fires after that)
         self.stopping = False
-        self._tokenizer: TextTokenizer | None = None
-        self._last = {"metrics": 0.0, "workers": 0.0, "capacity": 0.0}
+        self.text = OutputText(lambda: self.config.model.resolved_path())
+        self._last: dict[str, float] = {}  # what was last done when (monotonic): periodic()
         self.workers = WorkerPool({"prefill": config.workers.prefill, "decode": config.workers.decode},
                                   self.run_dir, self.bus_endpoint, config=lambda: self.config.to_dict(),
                                   send=self.to_worker, on_spawn=self._worker_spawned,
                                   on_silent=self._worker_silent, on_stop=self._worker_stopping,
                                   on_exit=self._worker_exited)
+        self.outbox = Outbox(self.control, self.bus, self.workers)
+        self.placement = Placement(self.workers)
+        self.route = RequestRoute(config=lambda: self.config, book=self.book, workers=self.workers,
+                                  placement=self.placement, outbox=self.outbox, audit=self.audit,
+                                  metrics=self.metrics, counters=self.counters, canaries=self.canaries,
+                                  text=self.text, alert=self.alert, publish=self.publish_request)
+        self.isolation = IsolationReports(reads=self.reads, canaries=self.canaries, audit=self.audit,
+                                          alert=self.alert, slot_owner=self.book.slot_owner, counters=self.counters)
+        self.asks = PendingAsks(self.outbox, request_of=self.book.slot_owner,
+                                keyframe=lambda pool, arrays, reason: self.evidence.keyframe(pool, arrays,
+                                                                                             reason=reason))
         self.evidence = EvidenceFeed(self, journal_path(config.audit.journal, bind, config.source), run_info={
             "host": _hostname(), "control": self.control_endpoint, "config": shown_config(config),
             "engine": {"model": str(config.model.resolved_path()), "telemetry": self.telemetry_endpoint,
                        "architecture": self.model_config.architecture}})
         self.configure_canaries(config.canaries)
         self.configure_forwarding(config.alerts)
+        self.reconfigure = Reconfigure(self)
         from engine.server.control_ops import ControlOps
         from engine.server.worker_events import WorkerEvents
 
@@ -210,17 +219,17 @@ class Supervisor:
         if self.bus in ready:
             self._drain(self.bus, self.events.handle)
         if self.prompts.fd in ready:
-            self.prompts.deliver(self.ops.tokenize_failed)
+            self.prompts.deliver(self.ops.submits.tokenize_failed)
         if self.pub in ready:
             changed = self.telemetry.drain_subscriptions()
             if self.telemetry.over_limit:
                 self.reset_publisher()
                 changed = True
             if changed:
-                self.broadcast({"op": "telemetry", "pages": self.telemetry.wants_pages()})
+                self.broadcast(Telemetry(pages=self.telemetry.wants_pages()))
         self.workers.watch()
-        self.dispatch()
-        self.fail_unplaced()
+        self.route.dispatch()
+        self.route.fail_unplaced()
         try:
             self.periodic()
         except Exception as exc:  # nothing in the periodic path may end the loop
@@ -277,172 +286,15 @@ class Supervisor:
         self.ctx.term()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
-    # ---- sending ----------------------------------------------------------------------
+    # ---- sending (Outbox) -----------------------------------------------------------
     def to_client(self, identity: bytes, frames: list) -> None:
-        self.control.send_multipart([identity, *frames], copy=False)
+        self.outbox.to_client(identity, frames)
 
-    def to_worker(self, worker: WorkerHandle, header: dict, arrays=None) -> None:
-        check_op(header["op"], TO_WORKER, "to a worker")
-        self.bus.send_multipart([worker.identity, *pack(header, arrays)], copy=False)
+    def to_worker(self, worker: WorkerHandle, message: WorkerCommand) -> None:
+        self.outbox.to_worker(worker, message)
 
-    def broadcast(self, header: dict) -> None:
-        for worker in self.workers.values():
-            if worker.state in (WorkerState.READY, WorkerState.DRAINING):
-                self.to_worker(worker, header)
-
-    # ---- routing ----------------------------------------------------------------------
-    def dispatch(self) -> None:
-        """Give queued requests to decode workers with room, reserved ones to prefill workers."""
-        page_size = self.config.engine.page_size
-        max_batch = self.config.engine.max_batch
-        # Reserve decode pages only for requests a prefill worker can take soon: pages held
-        # for a request that waits on a missing prefill worker would be held for nothing.
-        prefill_room = sum(max_batch - len(w.inflight) for w in self.workers.role("prefill") if w.accepting)
-        prefill_room -= len(self.book.awaiting_prefill) + len(self.book.reserving)
-        while self.book.queue and prefill_room > 0:
-            rec = self.book[self.book.queue[0]]
-            need = -(-(rec.prompt_len + rec.params["max_new_tokens"]) // page_size)
-            decode = [w for w in self.workers.role("decode")
-                      if w.accepting and len(w.inflight) < max_batch and w.free_pages >= need]
-            if not decode:
-                return self._dispatch_prefill()  # first come, first served: the head waits
-            worker = max(decode, key=lambda w: w.free_pages)
-            self.book.reserve(rec, worker.name)
-            prefill_room -= 1
-            worker.inflight.add(rec.request_id)
-            worker.stats["free_pages"] = worker.free_pages - need  # until its next report
-            self.to_worker(worker, {"op": "reserve", "request_id": rec.request_id, "slot": rec.slot,
-                                    "prompt_ids": rec.prompt_ids, "params": rec.params, "tenant": rec.tenant})
-            self.audit.record(rec.request_id, "reserve_sent", worker=worker.name)
-            self.publish_request(rec)
-        self._dispatch_prefill()
-
-    def mark_waiting(self, rec: RequestRecord) -> None:
-        """A request just queued: say at once why it cannot be placed (no ready worker of a
-        role), so that its `accepted`, status and audit agree from the first moment. An audit
-        asked right after `accepted` was answered in the same drain, before fail_unplaced ran
-        (waiting_for None for a request that waited on a crashed prefill worker)."""
-        why = self._why_none_ready()
-        blocked = next((role for role in QUEUED_NEEDS if why[role]), None)
-        if blocked is not None:
-            rec.waiting_for = why[blocked]
-            self._unplaced.add(rec.request_id)  # fail_unplaced keeps it current from here
-
-    def _why_none_ready(self) -> dict[str, str | None]:
-        """role -> why no worker of it is ready (None: one is)."""
-        return {role: self.workers.why_none_ready(role) for role in QUEUED_NEEDS}
-
-    def fail_unplaced(self, now: float | None = None) -> None:
-        """Requests waiting for a role with no ready worker: their reason is in status; they
-        fail after workers.unplaced_timeout_s, or at once when no worker of that role can
-        come back (stopped, or crashed and not restarted). Waiting for pages is not this."""
-        now = time.monotonic() if now is None else now
-        why = self._why_none_ready()
-        if not any(why.values()) and not self._unplaced:
-            return  # the usual case: every role has a ready worker, nobody was marked waiting
-        timeout = self.config.workers.unplaced_timeout_s
-        for line, roles in ((self.book.queue, QUEUED_NEEDS), (self.book.awaiting_prefill, ("prefill",))):
-            for rid in list(line):
-                rec = self.book[rid]
-                blocked = next((role for role in roles if why[role]), None)
-                if blocked is None:
-                    rec.waiting_for, rec.unplaced_since = None, None
-                    self._unplaced.discard(rid)
-                    continue
-                self._unplaced.add(rid)
-                if rec.waiting_for != why[blocked]:
-                    rec.waiting_for = why[blocked]
-                    self.publish_request(rec)
-                rec.unplaced_since = rec.unplaced_since or now
-                final = not self.workers.can_return(blocked)
-                if final or now - rec.unplaced_since >= timeout:
-                    # (blocked was picked for its why[blocked] being set)
-                    self._fail_unplaced(rec, why[blocked], final, timeout)  # type: ignore[arg-type]
-        self._unplaced = {rid for rid in self._unplaced if (kept := self.book.get(rid)) is not None and not kept.done}
-
-    def _fail_unplaced(self, rec: RequestRecord, why: str, final: bool, timeout: int) -> None:
-        when = "none can come back" if final else f"none became ready within {timeout} s (workers.unplaced_timeout_s)"
-        error = NoWorker(f"request {rec.request_id} could not be placed: {why}; {when}")
-        self._unplaced.discard(rec.request_id)
-        if rec.phase == Phase.AWAITING_PREFILL:
-            decode = self.workers[rec.decode_worker]  # type: ignore[index]  # RequestBook.reserve() set it
-            if self.workers.alive(decode):
-                self.to_worker(decode, {"op": "release", "request_id": rec.request_id})
-        self.finish(rec, Phase.FAILED, error.code, error.to_wire())
-
-    def _dispatch_prefill(self) -> None:
-        max_jobs = self.config.engine.max_batch
-        while (rec := self.book.next_for_prefill()) is not None:
-            prefill = [w for w in self.workers.role("prefill") if w.accepting and len(w.inflight) < max_jobs]
-            if not prefill:
-                return
-            worker = min(prefill, key=lambda w: len(w.inflight))
-            worker.inflight.add(rec.request_id)
-            self.book.prefill(rec, worker.name)
-            # placeholder_on_reject fault: the prefill side gets a one-token stand-in
-            prompt = rec.prompt_ids[:1] if rec.placeholder else rec.prompt_ids
-            decode = self.workers[rec.decode_worker]  # type: ignore[index]  # RequestBook.reserve() set it
-            self.to_worker(worker, {
-                "op": "prefill", "request_id": rec.request_id, "slot": rec.slot, "prompt_ids": prompt,
-                "params": rec.params, "target": {"endpoint": decode.info["transfer_endpoint"],
-                                                 "reservation": rec.reservation},
-            })
-            self.audit.record(rec.request_id, "prefill_sent", worker=worker.name)
-            self.publish_request(rec)
-
-    # ---- ending requests --------------------------------------------------------------
-    def finish(self, rec: RequestRecord, phase: Phase, reason: str, error: dict | None = None) -> None:
-        """End a request once: tell its client, free the workers' slots, record, publish."""
-        now = time.monotonic()
-        if not self.book.end(rec, phase, reason, error, now):
-            return
-        for name in (rec.decode_worker, rec.prefill_worker):
-            if name in self.workers:
-                self.workers[name].inflight.discard(rec.request_id)  # type: ignore[index]  # `in` ruled out None
-        if rec.first_token_at is not None and len(rec.output_ids) > 1:
-            self.metrics.add_tpot((now - rec.first_token_at) / (len(rec.output_ids) - 1), now)
-        self.counters[phase.value] += 1
-        self.audit.record(rec.request_id, phase.value, reason=reason, error=error, tokens=len(rec.output_ids))
-        if rec.tenant == CANARY_TENANT:
-            self.canaries.finished(rec.request_id)
-        elif rec.output_ids:
-            for canary in self.canaries.markers_in(rec.output_ids, exclude_slot=rec.slot):
-                self.alert("canary_marker_in_output", "critical",
-                           f"the output of request {rec.request_id} carries the marker of canary "
-                           f"{canary.request_id}", subject=rec.request_id, requests=[canary.request_id, rec.request_id],
-                           source=canary.request_id, reader=rec.request_id, prevented=False)  # the reply went out
-        if rec.client is not None:
-            self.to_client(rec.client, pack({
-                "op": "done", "id": rec.msg_id, "request_id": rec.request_id, "token_ids": rec.output_ids,
-                "text": self.detokenize(rec.output_ids), "finish_reason": reason, "error": error,
-                "ttft_s": rec.ttft_s, "elapsed_s": now - rec.arrival, "prompt_len": rec.prompt_len,
-                "decode_worker": rec.decode_worker, "prefill_worker": rec.prefill_worker,
-            }))
-        self.publish_request(rec)
-        self.book.forget_old()
-
-    def fail_worker_requests(self, worker: WorkerHandle, error_cls, why: str) -> None:
-        """A worker stopped or died: end its requests and unwind the other side of each."""
-        for rid in list(worker.inflight):
-            rec = self.book.get(rid)
-            worker.inflight.discard(rid)
-            if rec is None or rec.done:
-                continue
-            error = error_cls(f"request {rid} failed: {why}")
-            if worker.role == "decode" and rec.phase == Phase.PREFILLING and rec.prefill_worker:
-                prefill = self.workers[rec.prefill_worker]
-                if prefill.accepting or prefill.state == WorkerState.DRAINING:
-                    self.to_worker(prefill, {"op": "cancel", "request_id": rid})
-            if worker.role == "prefill" and rec.decode_worker:
-                decode = self.workers[rec.decode_worker]
-                if self.workers.alive(decode):
-                    # no transfer can come any more; a late one is dropped by the receiver
-                    self.to_worker(decode, {"op": "release", "request_id": rid})
-            self.finish(rec, Phase.FAILED, error.code, error.to_wire())
-        if worker.role == "decode" and worker.info.get("transfer_endpoint"):
-            for prefill in self.workers.role("prefill"):
-                if self.workers.alive(prefill):
-                    self.to_worker(prefill, {"op": "forget_endpoint", "endpoint": worker.info["transfer_endpoint"]})
+    def broadcast(self, message: WorkerCommand) -> None:
+        self.outbox.broadcast(message)
 
     # ---- worker processes (their states: WorkerPool) -----------------------------------
     def stop_worker(self, worker: WorkerHandle, *, restart: bool = False) -> None:
@@ -450,7 +302,8 @@ class Supervisor:
         self.workers.stop(worker, restart=restart)
 
     def _worker_stopping(self, worker: WorkerHandle) -> None:
-        self.fail_worker_requests(worker, WorkerStopped, f"worker {worker.name} was stopped")
+        self.route.worker_gone(worker, WorkerStopped, f"worker {worker.name} was stopped")
+        self.asks.worker_gone(worker)
         self.publish_workers()
 
     def _worker_spawned(self, worker: WorkerHandle) -> None:
@@ -462,45 +315,67 @@ class Supervisor:
                        subject=worker.name, worker=worker.name)
         self.publish_workers()
 
+    def worker_ready(self, worker: WorkerHandle, kernels_fallback: str) -> None:
+        """Its valid hello (WorkerPool.hello made it READY): a reconfigure's restart is done,
+        its crash is over, and whether it computes with the slow references is said."""
+        self.audit_worker(worker, "ready")
+        self.reconfigure.worker_ready(worker.name)
+        self.alerts.resolve("worker_crashed", worker.name)
+        if kernels_fallback:
+            self.alert("slow_kernels", "warning",
+                       f"worker {worker.name} computes with the torch reference kernels, several times slower: the "
+                       f"CPU module could not be built ({kernels_fallback[:300]})", subject=worker.name)
+        else:
+            self.alerts.resolve("slow_kernels", worker.name)
+        self.to_worker(worker, Telemetry(pages=self.telemetry.wants_pages()))
+        self.publish_workers()
+
     def _worker_silent(self, worker: WorkerHandle, seconds: float) -> None:
-        if self.alerts.alerts.get(f"worker_unresponsive:{worker.name}", {}).get("state") != "pending":
-            self.alerts.pending("worker_unresponsive", "warning", f"worker {worker.name} (pid {worker.pid}) "
-                                f"silent for {seconds:.0f} s", subject=worker.name, worker=worker.name)
+        """Pending from UNRESPONSIVE_S of silence, firing (counted, forwarded, audited) from
+        UNRESPONSIVE_FIRING_S; its next heartbeat or its exit resolves it."""
+        state = self.alerts.alerts.get(f"worker_unresponsive:{worker.name}", {}).get("state")
+        detail = f"worker {worker.name} (pid {worker.pid}) silent for {seconds:.0f} s"
+        if seconds >= UNRESPONSIVE_FIRING_S and state != AlertState.FIRING:
+            self.alert("worker_unresponsive", "warning", detail + f" (killed and restarted past "
+                       f"{HEARTBEAT_TIMEOUT_S:.0f} s)", subject=worker.name, condition=True, worker=worker.name)
+        elif seconds < UNRESPONSIVE_FIRING_S and state not in (AlertState.PENDING, AlertState.FIRING):
+            self.alerts.pending("worker_unresponsive", "warning", detail, subject=worker.name, worker=worker.name)
 
     def _worker_exited(self, worker: WorkerHandle, crashed: bool) -> None:
+        self.asks.worker_gone(worker)
         if not crashed:
-            self.fail_worker_requests(worker, WorkerStopped, f"worker {worker.name} was stopped")
+            self.route.worker_gone(worker, WorkerStopped, f"worker {worker.name} was stopped")
             self.audit_worker(worker, "stopped")
         else:
             why = f"worker {worker.name} (pid {worker.pid}) {worker.reason}"
-            self.fail_worker_requests(worker, WorkerCrashed, why)
+            self.route.worker_gone(worker, WorkerCrashed, why)
             self.alert("worker_crashed", "critical", why, subject=worker.name, condition=True,
                        worker=worker.name, log_tail=worker.log_tail(40))
             self.alerts.resolve("worker_unresponsive", worker.name)
             self.audit_worker(worker, "crashed")
-            reconfigure.worker_crashed(self, worker.name)
+            self.reconfigure.worker_crashed(worker.name)
         self.publish_workers()
 
     # ---- telemetry --------------------------------------------------------------------
     def periodic(self) -> None:
         now = time.monotonic()
         if self.canaries.due(now) and any(w.accepting for w in self.workers.role("decode")):
-            self.ops.fire_canary()
-        if self.progressed and now - self._last.get("progress", 0.0) >= PROGRESS_PERIOD_S:
+            self.ops.submits.fire_canary()
+        progressed = self.route.progressed
+        if progressed and now - self._last.get("progress", 0.0) >= PROGRESS_PERIOD_S:
             self._last["progress"] = now
-            for rid in self.progressed:
+            for rid in progressed:
                 rec = self.book.get(rid)
                 if rec is not None and not rec.done:
                     self.publish_request(rec)  # token counts and TTFT of running requests
-            self.progressed.clear()
-        if now - self._last["metrics"] >= METRICS_PERIOD_S:
-            self._last["metrics"] = now
-            self.telemetry.publish(Topic.METRICS, {**self.metrics.snapshot(now), **self.load()})
-        if now - self._last["workers"] >= WORKERS_PERIOD_S:
-            self.publish_workers()
-            self.broadcast({"op": "ping"})  # workers that hear nothing for long assume we died
-        if now - self._last["capacity"] >= CAPACITY_PERIOD_S:
-            self.publish_capacity()
+            progressed.clear()
+        for periodic in PERIODIC_TOPICS:
+            if now - self._last.get(periodic.topic, 0.0) >= periodic.period_s:
+                self._last[periodic.topic] = now
+                periodic.publish(self, now)
+        if now - self._last.get("ping", 0.0) >= PING_PERIOD_S:
+            self._last["ping"] = now
+            self.broadcast(Ping())  # workers that hear nothing for long assume we died
         self._decode_capacity()
         self.evidence.periodic(now)
         self.alerts.expire()
@@ -523,9 +398,7 @@ class Supervisor:
         """Ask every ready worker for its page metadata, for the evidence journal (a keyframe)."""
         for worker in self.workers.values():
             if worker.state == WorkerState.READY and worker.info.get("pool"):
-                ask_id = next(self.ask_ids)
-                self.pending_metadata[ask_id] = (None, reason)
-                self.to_worker(worker, {"op": "page_metadata", "ask_id": ask_id})
+                self.asks.page_metadata(worker, None, reason=reason)
 
     def log_prompt(self, entry: dict) -> None:
         self.prompt_log.append(entry)
@@ -542,7 +415,7 @@ class Supervisor:
         return {"queue_depth": self.book.waiting(), "running": running, "pools": pools}
 
     def publish_workers(self) -> None:
-        self._last["workers"] = time.monotonic()
+        self._last[Topic.WORKERS] = time.monotonic()
         workers = [w.describe() for w in self.workers.values()]
         self.telemetry.publish(Topic.WORKERS, {"workers": workers})
         self.evidence.changed("workers", workers, tuple((w["name"], w["state"], w["pid"], w["restarts"])
@@ -550,7 +423,7 @@ class Supervisor:
 
     def publish_capacity(self) -> None:
         """The standing I6 finding: on the capacity topic, and as a condition alert per pool."""
-        self._last["capacity"] = time.monotonic()
+        self._last[Topic.CAPACITY] = time.monotonic()
         for finding in self.findings:
             if finding.exceeds:
                 if self.alerts.alerts.get(f"capacity_exceeds_window:{finding.limit}", {}).get("state") != "firing":
@@ -595,6 +468,19 @@ class Supervisor:
     def audit_worker(self, worker: WorkerHandle, event: str) -> None:
         self.audit.record(f"worker:{worker.name}", event, pid=worker.pid, reason=worker.reason)
 
+    def take_config(self, config: EngineConfig, model: ModelConfig, findings: list[CapacityFinding],
+                    live: Configure, restart: set[str]) -> None:
+        """Make `config` the running one (a reconfigure or its rollback, engine/server/reconfigure.py):
+        `live` to the workers at once, the `restart` workers drained, the new state published."""
+        self.config, self.model_config, self.findings = config, model, findings
+        self.configure_canaries(config.canaries)
+        self.configure_forwarding(config.alerts)
+        self.broadcast(live)
+        for name in restart:
+            self.workers.drain(self.workers[name])
+        self.publish_capacity()
+        self.publish_workers()
+
     # ---- helpers ----------------------------------------------------------------------
     def _capacity(self, config: EngineConfig):
         return check_capacity(config, model_max_positions=self.model_config.max_position_embeddings)
@@ -603,7 +489,7 @@ class Supervisor:
         """Canaries as configured, unless the model cannot encode their text: then they are
         off and status says why (token-id prompts are served all the same)."""
         self.canaries.configure(section)
-        self._tokenizer = None  # the model may have changed
+        self.text.forget()  # the model may have changed
         if self.canaries.enabled:
             try:
                 self.tokenizer
@@ -619,31 +505,9 @@ class Supervisor:
             self.forwarder.offer(record)
 
     @property
-    def tokenizer(self):
-        if self._tokenizer is None:
-            from engine.model.tokenizer import TextTokenizer
-
-            self._tokenizer = TextTokenizer.from_dir(self.config.model.resolved_path())
-        return self._tokenizer
-
-    def detokenize(self, ids: list[int]) -> str | None:
-        try:
-            return self.tokenizer.decode(ids)
-        except PageWardenError:
-            return None
-
-    def text_delta(self, rec: RequestRecord) -> str | None:
-        """The text rec's newest tokens add (None without a tokenizer): a short window
-        decoded, not all of its output again (engine/model/text_stream.py)."""
-        if rec.text is None:
-            try:
-                rec.text = TextStream(self.tokenizer.decode)
-            except PageWardenError:
-                return None
-        try:
-            return rec.text.delta(rec.output_ids)
-        except PageWardenError:
-            return None
+    def tokenizer(self) -> TextTokenizer:
+        """The model's tokenizer (OutputText loads it once); raises PageWardenError without one."""
+        return self.text.tokenizer
 
 
 def _hostname() -> str:

@@ -10,12 +10,19 @@ from __future__ import annotations
 import ctypes
 import time
 from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from engine.wire.protocol import pack
 from engine.wire.sockets import drain
 from engine.wire.states import PAGES_PREFIX, pages_topic
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    Arrays = dict[str, npt.NDArray[Any]]  # a bulk message's arrays, by name
 
 RECENT_MESSAGES = 50_000
 # Distinct topics subscribed at once. libzmq keeps every subscription in a trie (~24 bytes
@@ -36,11 +43,11 @@ def release_freed_memory() -> None:
         pass
 
 
-def _small(value) -> bool:
+def _small(value: object) -> bool:
     return isinstance(value, (int, float, str, bool)) or value is None
 
 
-def _summary(arrays: dict | None) -> dict:
+def _summary(arrays: Arrays | None) -> dict[str, Any]:
     """A bulk message in the event log: which arrays, how many elements, not their bytes."""
     if not arrays:
         return {}
@@ -48,7 +55,7 @@ def _summary(arrays: dict | None) -> dict:
 
 
 class TelemetryPublisher:
-    def __init__(self, sock: zmq.Socket, limit: int = MAX_SUBSCRIPTIONS):
+    def __init__(self, sock: zmq.Socket[bytes], limit: int = MAX_SUBSCRIPTIONS) -> None:
         self.sock = sock
         self.seq: dict[str, int] = {}
         self.subscriptions: set[bytes] = set()
@@ -59,9 +66,9 @@ class TelemetryPublisher:
         self.over_limit = False  # a topic was refused since the last reset: reset now
         # What was published, for incident snapshots: small headers whole, bulk frames
         # summarised (their array names and sizes). Kept whether or not anyone listens.
-        self.recent: deque[dict] = deque(maxlen=RECENT_MESSAGES)
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_MESSAGES)
 
-    def publish(self, topic: str, header: dict, arrays: dict | None = None) -> int:
+    def publish(self, topic: str, header: dict[str, Any], arrays: Arrays | None = None) -> int:
         seq = self.seq.get(topic, 0) + 1
         self.seq[topic] = seq
         message = {"topic": topic, "seq": seq, "time": time.time(), **header}
@@ -69,10 +76,10 @@ class TelemetryPublisher:
         self._send(topic, pack(message, arrays))
         return seq
 
-    def since(self, since: float) -> list[dict]:
+    def since(self, since: float) -> list[dict[str, Any]]:
         return [m for m in self.recent if m["time"] >= since]
 
-    def relay_pages(self, header: dict, arrays: dict) -> None:
+    def relay_pages(self, header: dict[str, Any], arrays: Arrays) -> None:
         """Forward a worker's `pages` message as topic pages/<pool>, keeping the worker's
         per-pool sequence number; the arrays are views of the received frames (no copy)."""
         topic = pages_topic(header["pool"])
@@ -83,7 +90,7 @@ class TelemetryPublisher:
                                 **_summary(arrays)})
         self._send(topic, pack(out, arrays))
 
-    def _send(self, topic: str, frames: list) -> None:
+    def _send(self, topic: str, frames: list[bytes | memoryview]) -> None:
         try:
             self.sock.send_multipart([topic.encode(), *frames], copy=False, flags=zmq.NOBLOCK)
         except zmq.Again:
@@ -108,7 +115,7 @@ class TelemetryPublisher:
                 self.bad_subscriptions += 1  # not a subscription: count and drop
         return self.wants_pages() != before
 
-    def replace(self, sock: zmq.Socket) -> None:
+    def replace(self, sock: zmq.Socket[bytes]) -> None:
         """Publish on a fresh socket (after a reset): no subscription is held until the
         subscribers, reconnecting, send theirs again."""
         self.sock = sock
@@ -116,7 +123,8 @@ class TelemetryPublisher:
         self.over_limit = False
         self.resets += 1
 
-    def reset(self, make_socket, endpoint: str, give_up_s: float = REBIND_GIVE_UP_S) -> zmq.Socket:
+    def reset(self, make_socket: Callable[[], zmq.Socket[bytes]], endpoint: str,
+              give_up_s: float = REBIND_GIVE_UP_S) -> zmq.Socket[bytes]:
         """More distinct subscriptions than `limit`: libzmq holds each one and cannot drop a
         single peer's, so close the publisher (freeing them all), bind `make_socket()` at the
         same `endpoint` and publish on it. Subscribers reconnect and subscribe again by
@@ -144,7 +152,7 @@ class TelemetryPublisher:
         return (f"more than {self.limit} distinct telemetry subscriptions ({self.refused_subscriptions} refused "
                 "in all): the publisher was reset; subscribers reconnect and see a sequence gap")
 
-    def describe(self, limit: int = 64) -> dict:
+    def describe(self, limit: int = 64) -> dict[str, Any]:
         """For status: the topics someone subscribes to (a client can wait until its own
         subscription is live instead of sleeping), and the frames that were not one."""
         topics = sorted(t.decode(errors="replace")[:80] for t in self.subscriptions)

@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from engine.config import REPO_ROOT
 from engine.wire.protocol import TOKEN_ENV
@@ -23,11 +24,11 @@ class WorkerHandle:
     role: str  # "prefill" | "decode"
     run_dir: Path
     state: WorkerState = WorkerState.STOPPED
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     token: str = ""
-    info: dict = field(default_factory=dict)  # from its hello
-    stats: dict = field(default_factory=dict)  # from its last heartbeat
-    inflight: set[str] = field(default_factory=set)
+    info: dict[str, Any] = field(default_factory=dict)  # from its hello
+    stats: dict[str, Any] = field(default_factory=dict)  # from its last heartbeat
+    inflight: set[str] = field(default_factory=set)  # requests it holds now: written by Placement only
     last_seen: float = 0.0
     started_at: float = 0.0
     restarts: int = 0
@@ -55,11 +56,30 @@ class WorkerHandle:
     def accepting(self) -> bool:
         return self.state == WorkerState.READY
 
+    # ---- free pages: the supervisor's estimate, written only by the four methods below ----
     @property
     def free_pages(self) -> int:
         return int(self.stats.get("free_pages", self.info.get("pool", {}).get("pages", 0)))
 
-    def spawn(self, config_dict: dict, bus_endpoint: str) -> None:
+    def ready_with(self, info: dict[str, Any]) -> None:
+        """Its hello: what it is, and an empty pool."""
+        self.info = info
+        self.stats = {"free_pages": info["pool"]["pages"], "used_pages": 0}
+
+    def heartbeat(self, stats: dict[str, Any]) -> None:
+        """Its periodic report: every stat, its free pages among them."""
+        self.stats = stats
+
+    def report_free_pages(self, pages: int) -> None:
+        """The free pages it counted in an answer (reserved, released, tokens...)."""
+        self.stats["free_pages"] = pages
+
+    def promise_pages(self, pages: int) -> None:
+        """A reservation sent and not answered yet: counted as taken until its next report,
+        so that one loop turn does not promise the same pages twice."""
+        self.stats["free_pages"] = self.free_pages - pages
+
+    def spawn(self, config_dict: dict[str, Any], bus_endpoint: str) -> None:
         """Start the worker process; it says hello on the bus when its model is loaded."""
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError(f"worker {self.name} is already running (pid {self.proc.pid})")
@@ -104,7 +124,7 @@ class WorkerHandle:
             return ""
         return "\n".join(text.strip().splitlines()[-lines:])
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         pool = self.info.get("pool", {})
         return {
             "name": self.name, "role": self.role, "state": self.state.value, "pid": self.pid,

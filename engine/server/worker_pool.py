@@ -14,15 +14,19 @@ or crashed). What happens to the worker's requests is the supervisor's business.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, ValuesView
 from pathlib import Path
+from typing import Any
 
 from engine.config import WORKER_ROLES, core_slot
 from engine.server.worker_handle import WorkerHandle
+from engine.wire.messages import to_worker
+from engine.wire.messages.base import WorkerCommand
 from engine.wire.protocol import HEARTBEAT_TIMEOUT_S
 from engine.wire.states import WorkerState
 
-UNRESPONSIVE_S = 10.0  # the supervisor is told before the heartbeat timeout kills it
+UNRESPONSIVE_S = 10.0  # silent this long: the supervisor is told (a pending alert) ...
+UNRESPONSIVE_FIRING_S = 20.0  # ... and this long, it fires; the heartbeat timeout kills it later
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 5.0
 STABLE_S = 60.0  # ready this long: its next crash is the first in a row again
@@ -31,11 +35,11 @@ MAX_BACKOFF_MS = 60_000
 
 class WorkerPool:
     def __init__(self, counts: dict[str, int], run_dir: Path, bus_endpoint: str, *,
-                 config: Callable[[], dict], send: Callable[[WorkerHandle, dict], None],
+                 config: Callable[[], dict[str, Any]], send: Callable[[WorkerHandle, WorkerCommand], None],
                  on_spawn: Callable[[WorkerHandle], None], on_silent: Callable[[WorkerHandle, float], None],
-                 on_stop: Callable[[WorkerHandle], None], on_exit: Callable[[WorkerHandle, bool], None]):
+                 on_stop: Callable[[WorkerHandle], None], on_exit: Callable[[WorkerHandle, bool], None]) -> None:
         """counts: workers per role. config(): the config dict a (re)started worker gets.
-        send(worker, header): a bus message. on_stop(worker): it is STOPPING (asked by a client,
+        send(worker, command): a bus message. on_stop(worker): it is STOPPING (asked by a client,
         or drained for a restart), before it is told. on_exit(worker, crashed): after the state
         change; worker.reason says why."""
         self.bus_endpoint = bus_endpoint
@@ -52,16 +56,17 @@ class WorkerPool:
     def __getitem__(self, name: str) -> WorkerHandle:
         return self.handles[name]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self.handles)
 
-    def __contains__(self, name) -> bool:
+    def __contains__(self, name: object) -> bool:
         return name in self.handles
 
-    def get(self, name) -> WorkerHandle | None:
-        return self.handles.get(name)
+    def get(self, name: str | None) -> WorkerHandle | None:
+        """None too for no name: a request not placed on a worker of that role."""
+        return self.handles.get(name) if name is not None else None
 
-    def values(self):
+    def values(self) -> ValuesView[WorkerHandle]:
         return self.handles.values()
 
     def role(self, role: str) -> list[WorkerHandle]:
@@ -100,12 +105,11 @@ class WorkerPool:
         states = [f"{w.name} {w.state.value}" + (f" ({w.reason})" if w.reason else "") for w in workers]
         return f"no {role} worker is ready: " + ("; ".join(states) or "none configured")
 
-    def hello(self, worker: WorkerHandle, info: dict) -> None:
+    def hello(self, worker: WorkerHandle, info: dict[str, Any]) -> None:
         """STARTING -> READY (the caller checked the token)."""
         if worker.state != WorkerState.STARTING:
             raise ValueError(f"worker {worker.name} said hello while {worker.state.value}")
-        worker.info = info
-        worker.stats = {"free_pages": info["pool"]["pages"], "used_pages": 0}
+        worker.ready_with(info)
         worker.state, worker.last_seen = WorkerState.READY, time.monotonic()
         worker.ready_at = worker.last_seen
 
@@ -128,7 +132,7 @@ class WorkerPool:
         if restart:
             self._restart_after_stop.add(worker.name)
         self._on_stop(worker)
-        self._send(worker, {"op": "stop"})
+        self._send(worker, to_worker.Stop())
         return True
 
     def watch(self, now: float | None = None) -> None:
@@ -159,7 +163,7 @@ class WorkerPool:
         """Ask every running worker to shut down; kill what has not exited after timeout_s."""
         for worker in self.handles.values():
             if self.alive(worker):
-                self._send(worker, {"op": "stop"})
+                self._send(worker, to_worker.Stop())
         deadline = time.monotonic() + timeout_s
         for worker in self.handles.values():
             while self.alive(worker) and time.monotonic() < deadline:

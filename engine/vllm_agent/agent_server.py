@@ -32,6 +32,9 @@ from engine.server.telemetry import TelemetryPublisher
 from engine.vllm_agent.checks import check_snapshot
 from engine.vllm_agent.page_book import POOL, PageBook
 from engine.vllm_agent.snapshot import PoolSnapshot
+from engine.wire.messages import control
+from engine.wire.messages.codec import read
+from engine.wire.messages.registry import CONTROL
 from engine.wire.protocol import ProtocolError, error_reply, message_id, reply, unpack
 from engine.wire.sockets import bind_endpoint, drain, harden
 from engine.wire.states import Topic, WorkerState, pages_topic
@@ -40,7 +43,9 @@ KEYFRAME_PERIOD_S = 5.0
 METRICS_PERIOD_S = 1.0
 POLL_MS = 20
 MAX_QUEUED_SNAPSHOTS = 64
-ANSWERED_OPS = ("status", "ping", "keyframe", "page_metadata")
+# the viewer ops the agent answers (`answered_by` in engine/wire/messages/control.py); `pause`
+# is the benches' switch, answered only with PAGEWARDEN_ALLOW_FAULTS=1
+ANSWERED_OPS = tuple(op for op, cls in CONTROL.ops.items() if "agent" in cls.answered_by and cls.least_role == "viewer")
 
 
 class AgentServer:
@@ -200,33 +205,32 @@ class AgentServer:
             self.control.send_multipart([identity, *error_reply(message_id(body), exc.code, str(exc))])
             return
         op, msg_id = msg.op, msg.get("id")
-        if op == "status":
-            result = self.status(brief=bool(msg.get("brief")))
-        elif op == "ping":
-            result = {"pong": True, "time": time.time()}
-        elif op == "keyframe":
-            self._keyframe_asked = True
-            result = {"pools": [POOL]}
-        elif op == "pause" and os.environ.get("PAGEWARDEN_ALLOW_FAULTS") == "1":
-            paused = msg.get("paused")
-            if not isinstance(paused, bool):
-                why = f"pause needs paused: true or false, got {paused!r}"
-                self.control.send_multipart([identity, *error_reply(msg_id, "bad_message", why)])
-                return
-            self.paused = paused
-            self._keyframe_asked = self._keyframe_asked or not paused  # back from blind: a full picture first
-            result = {"paused": paused}
-        elif op == "page_metadata":
-            self.control.send_multipart([identity, *reply(msg_id, {"pool": POOL, "num_pages": self.book.num_blocks,
-                                                                    "page_size": self.book.block_size},
-                                                           self.book.keyframe_arrays())])
-            return
-        else:
+        if op not in ANSWERED_OPS and not (op == "pause" and os.environ.get("PAGEWARDEN_ALLOW_FAULTS") == "1"):
             why = ("this engine is vLLM, watched read-only by PageWarden's agent: it answers "
                    f"{', '.join(ANSWERED_OPS)}" if op is not None else "no op given")
             self.control.send_multipart([identity, *error_reply(msg_id, "read_only", f"{op!r} refused: {why}")])
             return
-        self.control.send_multipart([identity, *reply(msg_id, result)])
+        try:
+            call = read(msg, CONTROL)
+        except ProtocolError as exc:
+            self.control.send_multipart([identity, *error_reply(msg_id, exc.code, f"{op}: {exc}")])
+            return
+        arrays = None
+        if isinstance(call, control.Status):
+            result = self.status(brief=call.brief)
+        elif isinstance(call, control.Ping):
+            result = {"pong": True, "time": time.time()}
+        elif isinstance(call, control.Keyframe):
+            self._keyframe_asked = True
+            result = {"pools": [POOL]}
+        elif isinstance(call, control.Pause):
+            self.paused = call.paused
+            self._keyframe_asked = self._keyframe_asked or not call.paused  # back from blind: a full picture first
+            result = {"paused": call.paused}
+        else:  # control.PageMetadata: the one pool there is, whichever was named
+            result = {"pool": POOL, "num_pages": self.book.num_blocks, "page_size": self.book.block_size}
+            arrays = self.book.keyframe_arrays()
+        self.control.send_multipart([identity, *reply(msg_id, result, arrays)])
 
     def status(self, brief: bool = False) -> dict:
         worker = {"name": "vllm", "role": "vllm", "state": WorkerState.READY, "pid": self.facts.get("pid"),

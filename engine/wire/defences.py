@@ -1,8 +1,9 @@
 """The isolation defences and the faults that break them: declared once, with their labels.
 
-The engine config (`[defences]`, `[faults]`), the reproduction scenarios (one row per
-defence turned off) and the GUI's reconfigure dialog all read these tuples; adding a fault
-is one line here plus the code that injects it.
+The engine config (`[defences]`, `[faults]`), the reproduction scenarios (one per fault, each
+run with every defence on and then each off alone), the isolation state machine's draws and
+the GUI's reconfigure dialog all read these tuples: adding a fault is one Switch here plus
+the code that injects it (docs/ARCHITECTURE.md §4).
 """
 
 from __future__ import annotations
@@ -11,11 +12,24 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 
+class Staging(NamedTuple):
+    """How `main.py reproduce` stages a fault (engine/guard/scenarios.py makes its scenario from
+    this); the defaults fit a fault that acts on every request of a steady ordinary workload."""
+
+    scenario: str = ""  # the scenario's name; "" is the fault's name with dashes
+    story: str = ""  # what the scenario shows, printed under its table; "" is the fault's help
+    with_faults: tuple[str, ...] = ()  # other faults turned on beside it
+    workload: str = "steady"  # one of WORKLOADS in engine/guard/scenarios.py
+    tenant: str = ""  # the one tenant whose requests the fault acts on (others' alerts are false); "": all
+    extra_rows: tuple[str, ...] = ()  # rows after each defence off alone, e.g. "a+b off"
+
+
 class Switch(NamedTuple):
     name: str  # the config key
     invariant: str  # which invariant it defends (a fault: the one it breaks), docs/INVARIANTS.md I1-I6
     label: str  # what an operator reads
     help: str  # one line: what it does
+    staging: Staging = Staging()  # a fault's reproduction scenario (a defence has none)
 
 
 DEFENCES = (
@@ -31,14 +45,20 @@ DEFENCES = (
 
 FAULTS = (
     Switch("placeholder_on_reject", "I2", "placeholder on reject — the 2026 incident",
-           "the incident: a rejected request becomes a 1-token placeholder"),
+           "the incident: a rejected request becomes a 1-token placeholder",
+           Staging(scenario="incident-placeholder",
+                   story="the 2026 incident: a window of 2,048 tokens over a prefill pool of 1,328 (65%); over-long "
+                         "requests are rejected but replaced by a one-token placeholder that still goes through "
+                         "prefill and transfer while decode reserved the full length; freed pages are not scrubbed",
+                   with_faults=("skip_scrub",), workload="incident", tenant="over-long",
+                   extra_rows=("manifest_check+writer_tag_check off",))),
     Switch("skip_scrub", "I5", "skip scrub", "freed pages keep their data"),
     Switch("early_release", "I4", "early release of reserved pages",
            "decode frees reserved pages before their transfer arrives"),
     Switch("short_transfer", "I3", "short transfer (a page fewer than the manifest)",
-           "prefill sends fewer pages than its manifest says"),
+           "prefill sends one page fewer than its manifest says"),
     Switch("stale_block_table", "I1", "stale block table entry",
-           "a page-table entry keeps a page freed by another request"),
+           "a decode page table names the page the pool hands out next"),
 )
 
 DEFENCE_NAMES = tuple(d.name for d in DEFENCES)

@@ -1,4 +1,5 @@
-"""Who may do what on the control socket: each op's least role, declared once.
+"""Who may do what on the control socket: each op's least role, declared once, with the op's
+struct (`least_role` in engine/wire/messages/control.py); the lists below follow from it.
 
     viewer    status, telemetry, page maps, alerts, scope and history: watching
     operator  + submit, cancel and audit its own requests, canaries, acknowledging alerts
@@ -14,12 +15,15 @@ enforces it; the GUI's --readonly only stops asking.
 
 from __future__ import annotations
 
+from engine.wire.messages.registry import CONTROL
+
 ROLES = ("viewer", "operator", "admin")  # each may do everything the ones before it may
-VIEWER_OPS = ("status", "ping", "keyframe", "page_metadata", "scope", "prompt_log", "ground_truth", "history")
-OPERATOR_OPS = ("submit", "cancel", "audit", "canary", "ack_alert")
-ADMIN_OPS = ("start", "stop", "restart", "reconfigure")
-OP_ROLES = {**{op: "viewer" for op in VIEWER_OPS}, **{op: "operator" for op in OPERATOR_OPS},
-            **{op: "admin" for op in ADMIN_OPS}}
+# The ops the supervisor answers, each with its least role: declared with each op's struct
+# (`least_role`, engine/wire/messages/control.py).
+OP_ROLES: dict[str, str] = {op: cls.least_role for op, cls in CONTROL.ops.items() if "supervisor" in cls.answered_by}
+VIEWER_OPS = tuple(op for op, role in OP_ROLES.items() if role == "viewer")
+OPERATOR_OPS = tuple(op for op, role in OP_ROLES.items() if role == "operator")
+ADMIN_OPS = tuple(op for op, role in OP_ROLES.items() if role == "admin")
 CLIENT_OPS = tuple(OP_ROLES)
 READ_ONLY_OPS = VIEWER_OPS  # what a viewer (and the GUI's --readonly window) sends
 DEFAULT_LOCAL_ROLE = "admin"

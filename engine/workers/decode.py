@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 import numpy as np
 import zmq
 
 from engine.errors import Cancelled, PoolExhausted, TransferMismatch, TransferTimeout
 from engine.request import Request, RequestOutput
+from engine.wire.messages import to_supervisor as report
+from engine.wire.messages import to_worker as command
 from engine.wire.page_tags import PageState
-from engine.wire.protocol import Message, field_of
 from engine.wire.sockets import drain, harden
 from engine.workers.loop import WorkerLoop
 from engine.workers.prefill import params_from_wire
@@ -49,8 +51,8 @@ class DecodeWorker(WorkerLoop):
         self.receiver.verify_ownership = config.defences.deferred_release
         self.faults = config.faults
 
-    def hello(self) -> dict:
-        return {**super().hello(), "transfer_endpoint": self.kv_endpoint}
+    def hello(self) -> report.Hello:
+        return msgspec.structs.replace(super().hello(), transfer_endpoint=self.kv_endpoint)
 
     def stats(self) -> dict:
         return {**super().stats(), "running": len(self.engine.scheduler.running),
@@ -64,36 +66,23 @@ class DecodeWorker(WorkerLoop):
         super()._periodic()
 
     # ---- commands ---------------------------------------------------------------------
-    def handle(self, msg: Message) -> None:
-        if msg.op == "reserve":
-            self._reserve(msg)
-        elif msg.op == "cancel":
-            self._cancel(field_of(msg, "request_id", "str"))
-        elif msg.op == "release":
-            self._release(field_of(msg, "request_id", "str"))
-        else:
-            super().handle(msg)
-
-    def _reserve(self, msg: Message) -> None:
-        request = Request(
-            field_of(msg, "request_id", "str"), field_of(msg, "prompt_ids", "list[int]"),
-            params_from_wire(field_of(msg, "params", "map", default={})),
-            tenant=field_of(msg, "tenant", "str", default="default"), slot=field_of(msg, "slot", "int", low=0),
-        )
+    def on_reserve(self, cmd: command.Reserve) -> None:
+        request = Request(cmd.request_id, cmd.prompt_ids, params_from_wire(cmd.params), tenant=cmd.tenant,
+                          slot=cmd.slot)
         pool = self.engine.pool
         limit = min(pool.capacity_tokens, self.engine.model.decoder.max_positions)
         if request.total_tokens > limit:
             # only reachable with admission off or faulty: it can never fit here, do not retry
-            self.send({"op": "reserve_failed", "request_id": request.request_id, "final": True,
-                       "free_pages": pool.free_pages, "error": {"code": "admission_rejected", "message":
-                       f"request {request.request_id} needs {request.total_tokens:,} tokens; decode pool "
-                       f"{pool.name!r} and the model hold {limit:,}"}})
+            self.send(report.ReserveFailed(
+                request_id=request.request_id, final=True, free_pages=pool.free_pages, error={
+                    "code": "admission_rejected", "message": f"request {request.request_id} needs "
+                    f"{request.total_tokens:,} tokens; decode pool {pool.name!r} and the model hold {limit:,}"}))
             return
         try:
             self.engine.reserve(request)
         except PoolExhausted as exc:
-            self.send({"op": "reserve_failed", "request_id": request.request_id,
-                       "error": exc.to_wire(), "free_pages": pool.free_pages})
+            self.send(report.ReserveFailed(request_id=request.request_id, error=exc.to_wire(),
+                                           free_pages=pool.free_pages))
             return
         table = request.page_table
         prompt_pages = table.pages[: pool.pages_for_tokens(request.prompt_len)]
@@ -106,8 +95,8 @@ class DecodeWorker(WorkerLoop):
         self.receiver.expect(reservation)
         self.reserved[request.request_id] = request
         self._inject_faults(request, prompt_pages)
-        self.send({"op": "reserved", "request_id": request.request_id, "reservation": reservation.to_wire(),
-                   "endpoint": self.kv_endpoint, "pages": len(table.pages), "free_pages": pool.free_pages})
+        self.send(report.Reserved(request_id=request.request_id, reservation=reservation.to_wire(),
+                                  endpoint=self.kv_endpoint, pages=len(table.pages), free_pages=pool.free_pages))
 
     def _inject_faults(self, request: Request, prompt_pages) -> None:
         pool, table = self.engine.pool, request.page_table
@@ -119,7 +108,8 @@ class DecodeWorker(WorkerLoop):
             self.swapped[request.request_id] = int(table.pages[-1])
             table.pages[-1] = pool.peek_free()
 
-    def _cancel(self, request_id: str) -> None:
+    def on_cancel(self, cmd: command.Cancel) -> None:
+        request_id = cmd.request_id
         if request_id in self.reserved:
             # I4: stop accepting its transfer, but keep its pages until the prefill side acks.
             self.receiver.cancel(request_id)
@@ -127,14 +117,15 @@ class DecodeWorker(WorkerLoop):
         else:
             self._fail(request_id, Cancelled(f"request {request_id} cancelled"))
 
-    def _release(self, request_id: str) -> None:
+    def on_release(self, cmd: command.Release) -> None:
         """The prefill side acknowledged (or died): the reservation's pages may go."""
+        request_id = cmd.request_id
         self._return_swapped(request_id)
         self.cancelling.discard(request_id)
         if self.reserved.pop(request_id, None) is not None:
             self.receiver.cancel(request_id)
             self.engine.abort(request_id, Cancelled(f"request {request_id} released"))
-        self.send({"op": "released", "request_id": request_id, "free_pages": self.engine.pool.free_pages})
+        self.send(report.Released(request_id=request_id, free_pages=self.engine.pool.free_pages))
 
     # ---- transfers ------------------------------------------------------------------
     def on_ready(self, ready: dict) -> None:
@@ -154,7 +145,7 @@ class DecodeWorker(WorkerLoop):
         if event.kind == "complete" and rid in self.reserved:
             self.reserved.pop(rid)
             outputs = self.engine.adopt(rid, event.first_token)
-            self.send({"op": "transfer_done", "request_id": rid, "ok": True})
+            self.send(report.TransferDone(request_id=rid, ok=True))
             self._report(outputs)
         elif event.kind in ("mismatch", "timeout") and rid in self.reserved:
             error_cls = TransferMismatch if event.kind == "mismatch" else TransferTimeout
@@ -162,7 +153,7 @@ class DecodeWorker(WorkerLoop):
                               f"its pages were scrubbed and freed")
             self.alert(error.code, "critical", event.detail, requests=[rid], pages=event.pages, prevented=True)
             self._fail(rid, error)
-            self.send({"op": "transfer_done", "request_id": rid, "ok": False, "error": error.to_wire()})
+            self.send(report.TransferDone(request_id=rid, ok=False, error=error.to_wire()))
         elif event.kind == "late":
             self.alert("late_write_dropped", "warning", event.detail,
                        requests=[rid] if rid else [], pages=event.pages, prevented=True)
@@ -195,11 +186,10 @@ class DecodeWorker(WorkerLoop):
     def _report(self, outputs: list[RequestOutput]) -> None:
         if not outputs:
             return
-        items = [[o.request_id, o.new_token_ids] for o in outputs if o.new_token_ids]
-        finished = [[o.request_id, o.finish_reason, o.error.to_wire() if o.error else None]
+        items = [(o.request_id, o.new_token_ids) for o in outputs if o.new_token_ids]
+        finished = [(o.request_id, o.finish_reason, o.error.to_wire() if o.error else None)
                     for o in outputs if o.finished]
-        self.send({"op": "tokens", "items": items, "finished": finished,
-                   "free_pages": self.engine.pool.free_pages})
+        self.send(report.Tokens(items=items, finished=finished, free_pages=self.engine.pool.free_pages))
         for rid, _, _ in finished:
             self._return_swapped(rid)
 

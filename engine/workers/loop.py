@@ -1,11 +1,17 @@
 """WorkerLoop: what both worker roles share — the link to the supervisor, heartbeats,
-page telemetry, live configuration, and the poll loop that drives the role's work."""
+page telemetry, live configuration, and the poll loop that drives the role's work.
+
+A supervisor command goes to the worker's `on_<op>` method, found once per class from the
+registry (engine/wire/messages/to_worker.py says which roles take which op); the worker
+sends typed reports (engine/wire/messages/to_supervisor.py) and nothing else.
+"""
 
 from __future__ import annotations
 
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 
 import torch
 import zmq
@@ -13,7 +19,12 @@ import zmq
 from engine.config import CORE_SLOTS, EngineConfig
 from engine.core import Engine
 from engine.errors import PageWardenError
-from engine.wire.bus_ops import TO_SUPERVISOR, check_op
+from engine.wire.messages import to_supervisor as report
+from engine.wire.messages import to_worker as command
+from engine.wire.messages.base import WorkerCommand, WorkerReport
+from engine.wire.messages.codec import header_of, open_message, read
+from engine.wire.messages.dispatch import handler_table
+from engine.wire.messages.registry import BUS_TO_SUPERVISOR, BUS_TO_WORKER
 from engine.wire.protocol import Message, ProtocolError, pack, page_arrays, unpack
 from engine.wire.sockets import drain, harden
 from engine.workers.core_share import CoreShare, worth_sharing
@@ -25,6 +36,14 @@ ORPHAN_S = 15.0  # no word from the supervisor for this long: it is gone, so exi
 
 class WorkerLoop:
     role = "worker"
+    # bus op class -> its handler, for a role class (a subclass naming its role)
+    handlers: dict[type[WorkerCommand], Callable[..., None]] = {}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """A role's handlers are exactly the ops declared for it: checked when the class is made."""
+        super().__init_subclass__(**kwargs)
+        cls.handlers = handler_table(cls, BUS_TO_WORKER, takes=lambda message: cls.role in message.roles,
+                                     not_ops=("on_ready",))  # on_ready: the poller's hook, not an op
 
     def __init__(self, name: str, bus_endpoint: str, token: str, config: EngineConfig, run_dir: str,
                  core_slot: int = 0):
@@ -51,27 +70,31 @@ class WorkerLoop:
         self._last_heard = time.monotonic()
 
     # ---- sending ----------------------------------------------------------------------
-    def send(self, header: dict, arrays: dict | None = None) -> None:
-        check_op(header["op"], TO_SUPERVISOR, "to the supervisor")
-        self.bus.send_multipart(pack(header, arrays), copy=False)
+    def send(self, message: WorkerReport, arrays: dict | None = None) -> None:
+        """One report to the supervisor. Raises ValueError for a message not declared
+        to_supervisor (before the bus)."""
+        if not BUS_TO_SUPERVISOR.declares(type(message)):
+            raise ValueError(f"{type(message).__qualname__} is not a bus op declared to the supervisor "
+                             f"in engine/wire/messages/to_supervisor.py")
+        self.bus.send_multipart(pack(header_of(message), arrays), copy=False)
 
     def alert(self, kind: str, severity: str, detail: str, **fields) -> None:
-        self.send({"op": "alert", "kind": kind, "severity": severity, "detail": detail,
-                   "pool": self.engine.pool.name, "worker": self.name, **fields})
+        self.send(open_message(report.Alert, {"kind": kind, "severity": severity, "detail": detail,
+                                              "pool": self.engine.pool.name, "worker": self.name, **fields}))
 
-    def hello(self) -> dict:
+    def hello(self) -> report.Hello:
         pool = self.engine.pool
-        return {
-            "op": "hello", "name": self.name, "role": self.role, "pid": os.getpid(), "token": self.token,
-            "device": str(pool.device), "kernels": self.engine.kernels.name,
-            "attention": self.engine.kernels.attention,
-            "kernels_fallback": self.engine.kernels.fallback,
+        return report.Hello(
+            name=self.name, role=self.role, pid=os.getpid(), token=self.token,
+            device=str(pool.device), kernels=self.engine.kernels.name,
+            attention=self.engine.kernels.attention,
+            kernels_fallback=self.engine.kernels.fallback,
             # the most threads it computes with: its share of the cores when they are shared
-            "threads": self.cores.cores if self.cores is not None else torch.get_num_threads(),
-            "threads_shared": self.cores is not None,
-            "pool": {"name": pool.name, "pages": pool.num_pages, "page_size": pool.page_size,
-                     "bytes_per_page": pool.layout.bytes_per_page},
-        }
+            threads=self.cores.cores if self.cores is not None else torch.get_num_threads(),
+            threads_shared=self.cores is not None,
+            pool=report.PoolInfo(name=pool.name, pages=pool.num_pages, page_size=pool.page_size,
+                                 bytes_per_page=pool.layout.bytes_per_page),
+        )
 
     def stats(self) -> dict:
         pool = self.engine.pool
@@ -98,11 +121,11 @@ class WorkerLoop:
         for frames in drain(self.bus):
             self._last_heard = time.monotonic()
             try:
-                self.on_bus(unpack(frames))
+                self.handle(unpack(frames))
             except (ProtocolError, PageWardenError, KeyError, ValueError, TypeError) as exc:
                 # a bad command must not take the worker down: count it and say so
                 self.bad_messages += 1
-                self.send({"op": "bad_command", "error": {"code": "bad_message", "message": str(exc)}})
+                self.send(report.BadCommand(error={"code": "bad_message", "message": str(exc)}))
 
     def _cores_after_work(self) -> None:
         if self.cores is not None and not self.computes_next():
@@ -120,50 +143,59 @@ class WorkerLoop:
         now = time.monotonic() if now is None else now
         if now - self._last_heartbeat >= HEARTBEAT_S:
             self._last_heartbeat = now
-            self.send({"op": "heartbeat", **self.stats()})
+            self.send(open_message(report.Heartbeat, self.stats()))
 
     def _periodic(self) -> None:
         now = time.monotonic()
         self._heartbeat_if_due(now)
-        for header, arrays in self.telemetry.due(now):
-            self.send(header, arrays)
+        for header, arrays in self.telemetry.due(now):  # PageTelemetry writes its header as a dict
+            self.send(report.Pages(**{k: v for k, v in header.items() if k != "op"}), arrays)
         if now - self._last_heard > ORPHAN_S and not self.bus.poll(0):
             # quiet this long with nothing waiting on the bus (a long forward pass leaves the
             # supervisor's pings unread, not unsent): the supervisor is gone
             self.stopping = True
 
-    def on_bus(self, msg: Message) -> None:
-        op = msg.op
-        if op == "stop":  # the supervisor stops this worker (a client `stop`, a restart, shutdown)
-            self.stopping = True
-        elif op == "ping":
-            pass
-        elif op == "telemetry":
-            self.telemetry.enable(bool(msg.get("pages", False)))
-        elif op == "keyframe":
-            self.telemetry.ask_keyframe()
-        elif op == "page_metadata":
-            self.send({"op": "page_metadata", "ask_id": msg.get("ask_id"), "pool": self.engine.pool.name},
-                      page_arrays(self.engine.pool.metadata_snapshot()))
-        elif op == "configure":
-            self.configure(msg.header)
-        elif op == "cross_reads":
-            self.send({"op": "cross_reads", "ask_id": msg.get("ask_id"), "reads": list(self.ground_truth)})
-        else:
-            self.handle(msg)
+    # ---- commands from the supervisor ----------------------------------------------------
+    def handle(self, msg: Message) -> None:
+        """Read one supervisor command and run this role's handler for it. Raises
+        ProtocolError for an unknown or malformed op, or one declared for another role."""
+        cmd = read(msg, BUS_TO_WORKER)
+        handler = self.handlers.get(type(cmd))
+        if handler is None:
+            raise ProtocolError(f"{self.role} worker {self.name} does not take bus op {msg.op!r}: it is declared "
+                                f"for {' and '.join(cmd.roles)} workers (engine/wire/messages/to_worker.py)")
+        handler(self, cmd)
 
-    def configure(self, sections: dict) -> None:
+    def on_stop(self, cmd: command.Stop) -> None:
+        self.stopping = True  # the supervisor stops this worker (a client `stop`, a restart, shutdown)
+
+    def on_ping(self, cmd: command.Ping) -> None:
+        pass  # heard: _last_heard is already set
+
+    def on_telemetry(self, cmd: command.Telemetry) -> None:
+        self.telemetry.enable(cmd.pages)
+
+    def on_keyframe(self, cmd: command.Keyframe) -> None:
+        self.telemetry.ask_keyframe()
+
+    def on_page_metadata(self, cmd: command.PageMetadata) -> None:
+        self.send(report.PageMetadata(ask_id=cmd.ask_id, pool=self.engine.pool.name),
+                  page_arrays(self.engine.pool.metadata_snapshot()))
+
+    def on_cross_reads(self, cmd: command.CrossReads) -> None:
+        self.send(report.CrossReads(ask_id=cmd.ask_id, reads=list(self.ground_truth)))
+
+    def on_configure(self, cmd: command.Configure) -> None:
         """Live settings (engine keys, defences, faults): applied between steps."""
-        engine, live = self.engine, sections.get("engine", {})
+        engine, live = self.engine, cmd.engine
         if "scrub_policy" in live:
             engine.pool.scrub_policy = str(live["scrub_policy"])
         if "max_batch" in live:
             engine.scheduler.max_batch = int(live["max_batch"])
         if "ownership_policy" in live:
             engine.config = engine.config.replace(engine={"ownership_policy": live["ownership_policy"]})
-        if "defences" in sections or "faults" in sections:
-            engine.config = engine.config.replace(defences=sections.get("defences", {}),
-                                                  faults=sections.get("faults", {}))
+        if cmd.defences is not None or cmd.faults is not None:
+            engine.config = engine.config.replace(defences=cmd.defences or {}, faults=cmd.faults or {})
         self.apply_guard(engine.config)
 
     def apply_guard(self, config) -> None:
@@ -182,7 +214,7 @@ class WorkerLoop:
                         self.ground_truth.append({"request": event["request"], "slot": event["slot"],
                                                   "pool": event["pool"], "page": page, "source_slot": source,
                                                   "time": event["time"]})
-            self.send({"op": "isolation", "events": events})
+            self.send(report.Isolation(events=events))
 
     def close(self) -> None:
         try:
@@ -205,6 +237,3 @@ class WorkerLoop:
 
     def work(self) -> None:
         pass
-
-    def handle(self, msg: Message) -> None:
-        raise ProtocolError(f"{self.role} worker {self.name}: unknown op {msg.op!r}")

@@ -22,7 +22,9 @@ from engine.isolate import each_alone
 from engine.kv.page_table import PageTable
 from engine.request import Request, SamplingParams
 from engine.sampling import sample_next
-from engine.wire.protocol import Message, ProtocolError, field_of, unpack_header
+from engine.wire.messages import to_supervisor as report
+from engine.wire.messages import to_worker as command
+from engine.wire.protocol import ProtocolError, unpack_header
 from engine.wire.sockets import harden, send_zero_copy
 from engine.workers.loop import WorkerLoop
 from engine.workers.transfer.send import iter_transfer
@@ -85,37 +87,25 @@ class PrefillWorker(WorkerLoop):
         # shipping pages to decode computes nothing, nor waiting for free pages
         return bool(self.jobs) and self._computed
 
-    def handle(self, msg: Message) -> None:
-        if msg.op == "prefill":
-            self.jobs.append(self._job(msg))
-        elif msg.op == "cancel":
-            self._cancel(field_of(msg, "request_id", "str"))
-        elif msg.op == "forget_endpoint":
-            push = self.pushes.pop(field_of(msg, "endpoint", "str"), None)
-            if push is not None:
-                push.close(linger=0)
-        else:
-            super().handle(msg)
+    # ---- commands ---------------------------------------------------------------------
+    def on_prefill(self, cmd: command.Prefill) -> None:
+        request = Request(cmd.request_id, cmd.prompt_ids, params_from_wire(cmd.params), slot=cmd.slot)
+        self.jobs.append(PrefillJob(request, cmd.target.endpoint, cmd.target.reservation))
 
-    def _job(self, msg: Message) -> PrefillJob:
-        target = field_of(msg, "target", "map")
-        request = Request(
-            field_of(msg, "request_id", "str"), field_of(msg, "prompt_ids", "list[int]"),
-            params_from_wire(field_of(msg, "params", "map", default={})),
-            slot=field_of(msg, "slot", "int", low=0),
-        )
-        if not request.prompt_ids:
-            raise ProtocolError("field 'prompt_ids' is empty")
-        return PrefillJob(request, field_of(target, "endpoint", "str"), field_of(target, "reservation", "map"))
+    def on_forget_endpoint(self, cmd: command.ForgetEndpoint) -> None:
+        push = self.pushes.pop(cmd.endpoint, None)
+        if push is not None:
+            push.close(linger=0)
 
-    def _cancel(self, request_id: str) -> None:
+    def on_cancel(self, cmd: command.Cancel) -> None:
+        request_id = cmd.request_id
         for job in list(self.jobs):
             if job.request.request_id == request_id:
                 self.jobs.remove(job)
-                self.send({"op": "cancel_ack", "request_id": request_id, "sent": False})
+                self.send(report.CancelAck(request_id=request_id, sent=False))
                 return
         # Already shipped (or never seen): nothing more will be sent for it.
-        self.send({"op": "cancel_ack", "request_id": request_id, "sent": request_id in self.sent_ids})
+        self.send(report.CancelAck(request_id=request_id, sent=request_id in self.sent_ids))
 
     # ---- work -------------------------------------------------------------------------
     def work(self) -> None:
@@ -139,7 +129,7 @@ class PrefillWorker(WorkerLoop):
 
     def _fail_job(self, request: Request, error) -> None:
         self.engine.pool.free(request.slot, request.page_table.pages)
-        self.send({"op": "prefill_failed", "request_id": request.request_id, "error": error.to_wire()})
+        self.send(report.PrefillFailed(request_id=request.request_id, error=error.to_wire()))
 
     def _start_batch(self) -> list[PrefillJob]:
         """Jobs that fit the prefill budget and the pool's free pages, in arrival order."""
@@ -152,10 +142,10 @@ class PrefillWorker(WorkerLoop):
             if pool.pages_for_tokens(request.prompt_len) > pool.num_pages:
                 # admitted under a larger pool (a reconfigure shrank it): it can never run here
                 self.jobs.popleft()
-                self.send({"op": "prefill_failed", "request_id": request.request_id, "error": {
+                self.send(report.PrefillFailed(request_id=request.request_id, error={
                     "code": "admission_rejected",
                     "message": f"request {request.request_id}: prompt of {request.prompt_len:,} tokens exceeds "
-                               f"prefill pool {pool.name!r} of {pool.capacity_tokens:,} tokens"}})
+                               f"prefill pool {pool.name!r} of {pool.capacity_tokens:,} tokens"}))
                 continue
             try:
                 grant = pool.allocate(request.slot, pool.pages_for_tokens(request.prompt_len))
@@ -175,8 +165,8 @@ class PrefillWorker(WorkerLoop):
             self.alert("ownership_violation", "critical", problem, requests=[request.request_id],
                        pages=[int(p) for p in pages])
             pool.free(request.slot, pages)
-            self.send({"op": "prefill_failed", "request_id": request.request_id,
-                       "error": {"code": "ownership_violation", "message": problem}})
+            self.send(report.PrefillFailed(request_id=request.request_id,
+                                           error={"code": "ownership_violation", "message": problem}))
             return
         push = self._push(job.endpoint)
         trackers: list[zmq.MessageTracker] = []
@@ -190,16 +180,15 @@ class PrefillWorker(WorkerLoop):
                 trackers.append(send_zero_copy(push, frames))
         except (ProtocolError, ValueError) as exc:  # a reservation that cannot be honoured
             self.shipping.append(Shipment(zmq.MessageTracker(*trackers), request.slot, pages))
-            self.send({"op": "prefill_failed", "request_id": request.request_id,
-                       "error": {"code": "transfer_mismatch", "message": f"{self.name}: {exc}"}})
+            self.send(report.PrefillFailed(request_id=request.request_id,
+                                           error={"code": "transfer_mismatch", "message": f"{self.name}: {exc}"}))
             return
         self.shipping.append(Shipment(zmq.MessageTracker(*trackers), request.slot, pages))
         self.sent_ids.append(request.request_id)
-        self.send({
-            "op": "prefilled", "request_id": request.request_id, "first_token": first_token,
-            "tokens": request.prompt_len, "pages": len(pages), "chunks": len(trackers),
-            "elapsed_s": time.monotonic() - job.started,
-        })
+        self.send(report.Prefilled(
+            request_id=request.request_id, first_token=first_token, tokens=request.prompt_len, pages=len(pages),
+            chunks=len(trackers), elapsed_s=time.monotonic() - job.started,
+        ))
 
     def _own_pages_problem(self, request: Request) -> str | None:
         """I1 on the prefill side: every prompt token slot about to be shipped was written by

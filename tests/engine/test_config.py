@@ -8,6 +8,7 @@ import pytest
 
 from engine.config import DEFAULT_CONFIG_PATH, EngineConfig, config_from_dict, load_config
 from engine.errors import ConfigError
+from engine.wire.defences import DEFENCE_NAMES, FAULT_NAMES
 
 BASE = {"pools": {"prefill": {"pages": 8}, "decode": {"pages": 8}}}
 
@@ -23,6 +24,7 @@ def _with(**sections):
 def test_shipped_configs_load():
     cfg = load_config(DEFAULT_CONFIG_PATH)
     assert cfg.engine.page_size == 16 and cfg.engine.scrub_policy == "zero"
+    assert cfg.dangerous() == []  # the safe default: every defence on, no fault (none is listed)
     incident = load_config(DEFAULT_CONFIG_PATH.parent / "incident.toml")
     assert incident.engine.context_window == 1_048_576
     assert incident.pools["prefill"].capacity_tokens(16) == 681_280
@@ -83,6 +85,13 @@ def test_pool_tables_are_checked(pools, fragment):
     with pytest.raises(ConfigError) as err:
         config_from_dict({"pools": pools})
     assert fragment in str(err.value)
+
+
+def test_every_declared_switch_is_a_key_and_needs_allow_faults():
+    cfg = config_from_dict(_with(defences=dict.fromkeys(DEFENCE_NAMES, False), faults=dict.fromkeys(FAULT_NAMES, True)))
+    assert cfg.dangerous() == [f"defences.{d} = false" for d in DEFENCE_NAMES] + [f"faults.{f} = true" for f in FAULT_NAMES]
+    with pytest.raises(ConfigError, match=f"faults.{FAULT_NAMES[-1]} = true: turning defences off"):
+        config_from_dict(_with(faults={FAULT_NAMES[-1]: True})).check_faults_allowed(False)
 
 
 def test_alert_webhook_is_off_by_default_and_takes_http_urls():

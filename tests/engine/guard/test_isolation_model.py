@@ -5,8 +5,10 @@ engine's pool holds prompts written by the real forward pass; transfers are buil
 sender (`iter_transfer`, one page per chunk so a stale reader can look mid-transfer) and fed
 to the real `TransferReceiver`; the decode engine reserves, adopts and steps through the
 real `ModelRunner.decode` (block-table check, per-token I1 detector, provenance); quarantined
-pages are released on demand. Faults are injected by the decode and prefill workers' own
-fault code; defences and faults are drawn per run.
+pages are released on demand. Every defence and fault of engine/wire/defences.py is drawn per
+run; a fault is injected by the code that injects it in a worker or the pool when the machine
+runs that code, else by the machine's own rules (`INJECTED_BY` says which; a test checks that
+each fault is met there).
 
 After every step: the readers the detector names as having attended another writer's data
 (unmasked) are exactly the readers the provenance says received another request's content
@@ -16,8 +18,10 @@ no foreign content is read at all.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -29,9 +33,10 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initial
 from engine.config import EngineConfig
 from engine.core import Engine
 from engine.errors import PoolExhausted
-from engine.guard.scenarios import DEFENCES
 from engine.kv.page_table import PageTable
 from engine.request import Request, SamplingParams
+from engine.wire.defences import DEFENCE_NAMES as DEFENCES
+from engine.wire.defences import FAULT_NAMES as FAULTS
 from engine.wire.page_tags import PageState
 from engine.workers.decode import DecodeWorker
 from engine.workers.prefill import _drop_last_page
@@ -39,8 +44,10 @@ from engine.workers.transfer.manifest import Reservation
 from engine.workers.transfer.receive import TransferReceiver
 from engine.workers.transfer.send import iter_transfer
 
-FAULTS = ("placeholder_on_reject", "skip_scrub", "early_release", "short_transfer", "stale_block_table")
 PAGE = 4
+# faults that make no read alone: they keep the data another fault's read finds, so each
+# directed run below turns them on beside its fault
+ENABLERS = ("skip_scrub",)
 _MODEL = {}
 
 
@@ -211,13 +218,28 @@ IsolationMachine.TestCase.settings = settings(
 )
 TestIsolationModel = IsolationMachine.TestCase
 
+# Where the machine meets a fault: the worker and pool code it runs, and its own rules, which
+# model the injections that live in code it does not run (the supervisor's admission in
+# prefill_a_request, the prefill worker's _ship in reserve).
+INJECTED_BY = (DecodeWorker._inject_faults, EngineConfig.scrubs_freed_pages.fget, IsolationMachine)
 
-@pytest.mark.parametrize("fault", ["stale_block_table", "early_release", "short_transfer", "placeholder_on_reject"])
+
+def test_every_fault_is_injected_in_the_machine():
+    """A fault that none of the machine's code reads would be drawn and do nothing, and the
+    equality above would hold without testing it."""
+    sources = "\n".join(inspect.getsource(code) for code in INJECTED_BY)
+    unmet = [f for f in FAULTS if not re.search(rf"\bfaults\.{f}\b", sources)]
+    assert not unmet, (f"the isolation state machine never injects the fault(s) {unmet}: none of "
+                       f"{', '.join(code.__qualname__ for code in INJECTED_BY)} reads faults.<name>. Inject it in "
+                       f"code the machine runs, or model its injection in a rule of IsolationMachine")
+
+
+@pytest.mark.parametrize("fault", [f for f in FAULTS if f not in ENABLERS])
 def test_each_fault_with_its_defence_off_makes_reads_that_are_all_named(fault):
     """The machine is not vacuous: a directed run of each fault with every defence off reads
     another request's data (so the equality above is tested on real reads)."""
     machine = IsolationMachine()
-    machine.start({d: False for d in DEFENCES}, {f: f == fault or f == "skip_scrub" for f in FAULTS})
+    machine.start({d: False for d in DEFENCES}, {f: f == fault or f in ENABLERS for f in FAULTS})
     flights = []
     for n in range(12):
         flight = machine.prefill_a_request(4 + n % 5, 6, fault == "placeholder_on_reject" and n % 2 == 0,
@@ -231,7 +253,8 @@ def test_each_fault_with_its_defence_off_makes_reads_that_are_all_named(fault):
             machine.decode_a_step()
     for _ in range(12):
         machine.decode_a_step()
-    assert machine.truth_readers, f"{fault}: no cross-request read happened"
+    assert machine.truth_readers, (f"{fault}: no cross-request read happened in a directed run with every defence "
+                                   f"off and {', '.join(ENABLERS)} on: the machine does not exercise the fault")
 
 
 class _Draw:

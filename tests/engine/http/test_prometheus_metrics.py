@@ -18,6 +18,7 @@ from engine.client.local_server import LocalServer, write_config
 from engine.config import REPO_ROOT
 from engine.guard.canaries import PROMPT_FORM
 from engine.http.prometheus_text import METRICS, PREFIX, exposition, metric_names
+from engine.wire.alert_kinds import ALERT_KINDS
 
 DASHBOARD = REPO_ROOT / "resources" / "grafana" / "pagewarden-dashboard.json"
 
@@ -118,3 +119,19 @@ def test_the_grafana_dashboard_queries_only_exported_metrics():
     # every metric family is on the dashboard somewhere
     families = {PREFIX + name for name in METRICS}
     assert {f for f in families if not any(q.startswith(f) for q in queried)} == set()
+
+
+def test_the_dashboard_names_declared_alert_kinds_and_every_kind_where_data_crossed():
+    # /metrics has no label that marks an isolation kind, so the panel spells them out; this
+    # says what to paste when engine/wire/alert_kinds.py gains or loses one
+    crossed = [k.name for k in ALERT_KINDS if k.isolation and k.detects_cross_reads and not k.prevented_by_firing]
+    dashboard = json.loads(DASHBOARD.read_text())
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            for names in re.findall(r'\bkind=~?"([^"]*)"', target["expr"]):
+                unknown = set(names.split("|")) - {k.name for k in ALERT_KINDS}
+                assert not unknown, (panel["title"], f"undeclared alert kinds {sorted(unknown)}")
+    (panel,) = [p for p in dashboard["panels"] if p["title"].startswith("Data crossed")]
+    (expr,) = [t["expr"] for t in panel["targets"]]
+    (named,) = re.findall(r'\bkind=~"([^"]*)"', expr)
+    assert named.split("|") == crossed, f'{panel["title"]}: set its query to kind=~"{"|".join(crossed)}"'

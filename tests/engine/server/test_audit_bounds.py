@@ -70,34 +70,34 @@ def test_history_pages_against_a_real_engine(start_server):
         assert page["telemetry"] == []  # telemetry comes once, with the first page
     assert set(ids) <= set(seen) and len(seen) == len(set(seen)) and answers >= 3
     assert first["telemetry"]
-    with pytest.raises(RemoteError, match="field 'limit' = 0 is below the minimum 1"):
+    with pytest.raises(RemoteError, match="field 'limit' = 0: Expected `int` >= 1"):
         client.call("history", since=0.0, limit=0)
 
 
 def test_an_answer_over_the_frame_limit_is_an_error_not_silence(monkeypatch):
     """The client's socket drops a frame over its limit without a word: the engine must never
     send one. A reply too big becomes an error naming the size and the limit."""
-    from engine.server import control_ops
+    from collections import Counter
+    from types import SimpleNamespace
 
-    sent = []
-
-    class Sup:
-        counters: dict = {}
-
-        def to_client(self, identity, frames):
-            sent.append(frames)
-
-    ops = control_ops.ControlOps.__new__(control_ops.ControlOps)
-    ops.sup = Sup()
-    ops.sup.counters = {"answers_too_large": 0}
-    monkeypatch.setattr(control_ops, "MAX_CONTROL_FRAME", 1_000)
+    from engine.server import control_call
     from engine.wire.protocol import Message, unpack
 
-    ops._reply(b"id", Message({"op": "history", "id": 9}), {"requests": ["x" * 2_000]})
+    sent = []
+    outbox = SimpleNamespace(to_client=lambda identity, frames: sent.append(frames))
+    counters: Counter[str] = Counter()
+    monkeypatch.setattr(control_call, "MAX_CONTROL_FRAME", 1_000)
+
+    def call(msg_id: int) -> control_call.Call:
+        return control_call.Call(b"id", Message({"op": "history", "id": msg_id}), "local:id", "viewer", outbox,
+                                 counters)
+
+    call(9).reply({"requests": ["x" * 2_000]})
     answer = unpack(sent[0])
     assert answer.op == "error" and answer.get("error")["code"] == "answer_too_large"
     assert "2,0" in answer.get("error")["message"] and "1,000" in answer.get("error")["message"]
-    ops._reply(b"id", Message({"op": "history", "id": 10}), {"requests": ["x" * 10]})
+    assert counters["answers_too_large"] == 1
+    call(10).reply({"requests": ["x" * 10]})
     assert unpack(sent[1]).op == "reply"
 
 

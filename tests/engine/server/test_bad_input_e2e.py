@@ -24,8 +24,8 @@ FUZZ_FRAMES = 10_000
     [
         ({"prompt_ids": []}, "invalid_request", "the prompt is empty"),
         ({"prompt_ids": [1, 2], "max_new_tokens": -3}, "invalid_request", "max_new_tokens = -3 must be at least 1"),
-        ({"prompt_ids": [1, 2], "max_new_tokens": "ten"}, "bad_message", "field 'max_new_tokens' must be int"),
-        ({"prompt_ids": "1,2"}, "bad_message", "field 'prompt_ids' must be list[int]"),
+        ({"prompt_ids": [1, 2], "max_new_tokens": "ten"}, "bad_message", "field 'max_new_tokens' = 'ten': Expected `int`"),
+        ({"prompt_ids": "1,2"}, "bad_message", "field 'prompt_ids' = '1,2': Expected `array | null`"),
         ({"prompt_ids": [1, 99999]}, "invalid_request", "prompt token 1 = 99999 is outside the vocabulary"),
         ({"prompt_ids": [1], "prompt": "x"}, "invalid_request", "give exactly one of 'prompt_ids' and 'prompt'"),
         ({"prompt_ids": [1], "temperature": -1.0}, "invalid_request", "temperature = -1.0 must be a finite number"),

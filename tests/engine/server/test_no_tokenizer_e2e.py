@@ -38,7 +38,7 @@ def test_an_exception_in_periodic_work_is_an_alert_not_the_end_of_the_loop(monke
         def broken():
             raise RuntimeError("tokenizer exploded")
 
-        monkeypatch.setattr(sup.ops, "fire_canary", broken)
+        monkeypatch.setattr(sup.ops.submits, "fire_canary", broken)
         for worker in sup.workers.role("decode"):
             monkeypatch.setattr(type(worker), "accepting", property(lambda self: True))
         for _ in range(5):

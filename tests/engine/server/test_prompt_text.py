@@ -43,7 +43,7 @@ def serving():
     """A supervisor (no workers) on its loop in a thread, with a HeldTokenizer."""
     sup = Supervisor(EngineConfig().replace(canaries={"enabled": False}, engine={"context_window": WINDOW}),
                      bind="tcp://127.0.0.1:0", local_role="operator")  # operators cancel only their own
-    tokenizer = sup._tokenizer = HeldTokenizer()
+    tokenizer = sup.text._tokenizer = HeldTokenizer()
     stop = threading.Event()
     pump = threading.Thread(target=lambda: sup.run(until=stop.is_set), daemon=True)
     pump.start()

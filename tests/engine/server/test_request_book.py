@@ -18,12 +18,12 @@ def test_the_happy_path_and_the_lines():
     a, b = _rec("a", 1), _rec("b", 2)
     book.admit(a), book.admit(b)
     assert list(book.queue) == ["a", "b"] and book.waiting() == 2 and book.slot_owner(2) == "b"
-    book.reserve(a, "decode-0")
-    assert a.phase == Phase.RESERVING and a.decode_worker == "decode-0" and book.reserving == {"a"}
+    book.reserve(a)
+    assert a.phase == Phase.RESERVING and book.reserving == {"a"}
     book.reserved(a, {"epoch": 1})
     assert a.phase == Phase.AWAITING_PREFILL and book.next_for_prefill() is a and not book.reserving
-    book.prefill(a, "prefill-0")
-    assert a.phase == Phase.PREFILLING and a.prefill_worker == "prefill-0" and book.next_for_prefill() is None
+    book.prefill(a)
+    assert a.phase == Phase.PREFILLING and book.next_for_prefill() is None
     book.decoding(a)
     assert book.running() == 1
     assert book.end(a, Phase.FINISHED, "length") and a.done and a.finish_reason == "length"
@@ -35,9 +35,9 @@ def test_a_failed_reservation_keeps_its_place_in_line():
     book = RequestBook()
     a, b = _rec("a", 1), _rec("b", 2)
     book.admit(a), book.admit(b)
-    book.reserve(a, "decode-0")
+    book.reserve(a)
     book.reserve_failed(a)
-    assert list(book.queue) == ["a", "b"] and a.phase == Phase.QUEUED and a.decode_worker is None
+    assert list(book.queue) == ["a", "b"] and a.phase == Phase.QUEUED
 
 
 @pytest.mark.parametrize("start", [p for p in Phase if p not in DONE])
@@ -46,8 +46,8 @@ def test_every_undeclared_edge_raises(start):
     rec = _rec("x", 1)
     book.admit(rec)
     rec.phase = start
-    moves = {Phase.RESERVING: lambda: book.reserve(rec, "d"), Phase.AWAITING_PREFILL: lambda: book.reserved(rec, {}),
-             Phase.QUEUED: lambda: book.reserve_failed(rec), Phase.PREFILLING: lambda: book.prefill(rec, "p"),
+    moves = {Phase.RESERVING: lambda: book.reserve(rec), Phase.AWAITING_PREFILL: lambda: book.reserved(rec, {}),
+             Phase.QUEUED: lambda: book.reserve_failed(rec), Phase.PREFILLING: lambda: book.prefill(rec),
              Phase.DECODING: lambda: book.decoding(rec)}
     for to, move in moves.items():
         if to in EDGES[start]:
@@ -62,7 +62,7 @@ def test_ending_removes_it_from_every_line_and_old_records_are_forgotten():
     recs = [_rec(f"r{i}", i) for i in range(6)]
     for rec in recs:
         book.admit(rec)
-    book.reserve(recs[0], "d")
+    book.reserve(recs[0])
     book.end(recs[0], Phase.CANCELLED, "cancelled")
     book.end(recs[1], Phase.REJECTED, "no")
     assert "r0" not in book.reserving and list(book.queue) == ["r2", "r3", "r4", "r5"]

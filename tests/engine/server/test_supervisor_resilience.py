@@ -28,7 +28,7 @@ def test_an_ownership_report_with_an_unwritten_page_and_a_canary_page(supervisor
     sup.canaries.add("canary-9", 9, "marker", [1, 2])
     event = {"kind": "ownership_violation", "request": "victim", "slot": 3, "pool": "decode-0", "prevented": True,
              "pages": [{"page": 40, "writer": None}, {"page": 41, "writer": [9, 5]}, {"page": 42, "writer": "junk"}]}
-    sup.events._ownership(None, event)  # the report that used to kill the supervisor
+    sup.isolation.ownership(event)  # the report that used to kill the supervisor
     alerts = {a["kind"]: a for a in sup.alerts.alerts.values()}
     assert alerts["canary_leak"]["pages"] == [41]  # only the canary's page, not the unwritten one
     assert alerts["canary_leak"]["requests"] == ["canary-9", "victim"]
@@ -39,10 +39,10 @@ def test_an_ownership_report_with_an_unwritten_page_and_a_canary_page(supervisor
 @contextlib.contextmanager
 def serving_with_a_broken_audit(sup, monkeypatch):
     """The supervisor's loop in a thread, its `audit` handler raising KeyError (a bug)."""
-    def broken(identity, msg):
+    def broken(call):
         raise KeyError("a bug")
 
-    monkeypatch.setattr(sup.ops, "op_audit", broken)
+    monkeypatch.setitem(sup.ops.handlers, "audit", broken)
     stop = threading.Event()
     pump = threading.Thread(target=lambda: sup.run(until=stop.is_set), daemon=True)
     pump.start()
@@ -86,10 +86,9 @@ def test_handler_bugs_from_many_senders_make_one_alert_and_keep_the_critical_one
 
 def test_a_malformed_reconfigure_is_a_validation_error_naming_the_key(supervisor):
     from engine.errors import ConfigError
-    from engine.server.reconfigure import reconfigure
 
     with pytest.raises(ConfigError, match="pools.prefill must be a table like {pages = 4096}, got 'ab'"):
-        reconfigure(supervisor, {"pools": {"prefill": "ab"}}, apply=False)
+        supervisor.reconfigure({"pools": {"prefill": "ab"}}, apply=False)
     assert supervisor.counters["internal_errors"] == 0
 
 

@@ -168,7 +168,7 @@ def test_the_copy_models_worker_keeps_a_fixed_part_of_the_cores(prefill_rig):
     worker = prefill_rig[3]
     assert 4 * projection_weights(worker.engine.model.decoder) < SHARE_MIN_BYTES  # 2.4 MiB
     assert worker.cores is None
-    assert worker.hello()["threads_shared"] is False
+    assert worker.hello().threads_shared is False
 
 
 def test_worth_sharing_counts_every_projection_plain_or_packed_and_nothing_else():
