@@ -4,7 +4,7 @@
 
 For a `tokens` bus message (a decode step of --batch requests) and a `submit` of a
 --prompt-token prompt, each message is unpacked from its frames and its fields read and
-checked, once the old way (field_of, as WorkerEvents.on_tokens and ControlOps.op_submit read
+checked, once the old way (field_of, as WorkerEvents.on_tokens and SubmitOps.submit read
 them) and once the new (engine/wire/messages/codec.py::read). Sending is measured too:
 a dict packed as the senders built it, against a struct through header_of. Prints
 microseconds per message and the ratio old / new (above 1: the typed path is faster).

@@ -25,17 +25,7 @@ class ControlOps:
     def __init__(self, sup: Supervisor):
         self.sup = sup
         self.submits, self.queries, self.worker_ops = SubmitOps(sup), QueryOps(sup, sup), WorkerOps(sup)
-        q, s, w = self.queries, self.submits, self.worker_ops
-        self.handlers: dict[str, Callable[[Call], None]] = {
-            "status": q.status, "ping": q.ping, "keyframe": q.keyframe, "page_metadata": q.page_metadata,
-            "scope": q.scope, "prompt_log": q.prompt_log, "ground_truth": q.ground_truth, "history": q.history,
-            "audit": q.audit, "ack_alert": q.ack_alert,
-            "submit": s.submit, "cancel": s.cancel, "canary": s.canary,
-            "start": w.start, "stop": w.stop, "restart": w.restart, "reconfigure": w.reconfigure,
-        }
-        if set(self.handlers) != set(CLIENT_OPS):  # a declared op without a handler, or the reverse
-            raise RuntimeError(f"control ops without a handler: {sorted(set(CLIENT_OPS) - set(self.handlers))}; "
-                               f"handlers of undeclared ops: {sorted(set(self.handlers) - set(CLIENT_OPS))}")
+        self.handlers = _handlers((self.submits, self.queries, self.worker_ops))
 
     def handle(self, identity: bytes, msg: Message | None, frames: list[Any]) -> None:
         if msg is None:
@@ -67,3 +57,17 @@ class ControlOps:
         if role is None:
             raise Forbidden("this client's key is not in the allowlist any more (it was removed after it connected)")
         return user, role  # type: ignore[return-value]  # role_of() gives None without a User-Id
+
+
+def _handlers(parts: tuple[object, ...]) -> dict[str, Callable[[Call], None]]:
+    """op -> the method of that name of the one part that answers it: every declared op
+    (engine/wire/messages/control.py) has exactly one, found once at start, never from a
+    name a client sent."""
+    handlers: dict[str, Callable[[Call], None]] = {}
+    for op in CLIENT_OPS:
+        owners = [getattr(part, op) for part in parts if callable(getattr(part, op, None))]
+        if len(owners) != 1:
+            raise RuntimeError(f"control op {op!r} has {len(owners)} handlers among "
+                               f"{', '.join(type(p).__name__ for p in parts)}; it needs exactly one")
+        handlers[op] = owners[0]
+    return handlers

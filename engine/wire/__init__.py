@@ -2,4 +2,5 @@
 format and its limits (protocol), socket hardening and the one receive loop (sockets), CURVE
 keys and the ZAP allowlist (curve), page states and the writer-tag format (page_tags), the
 prompt form (prompt_form), the alert kinds (alert_kinds) and the defences and faults
-(defences). No torch, no Qt; numpy, zmq and msgpack only."""
+(defences), and one typed message per op on every socket (messages). No torch, no Qt;
+numpy, zmq, msgpack and msgspec only."""

@@ -1,8 +1,8 @@
 """Client -> engine: the ops of the control socket, each with its least role.
 
-The supervisor answers each with `ControlOps.op_<op>` (engine/server/control_ops.py) after
-checking the caller's role (engine/wire/roles.py, derived from `least_role` here); the vLLM
-agent answers those whose `answered_by` names it. Senders leave out what they do not set
+The supervisor answers each with the method of its name in SubmitOps, QueryOps or WorkerOps
+(found by engine/server/control_ops.py) after checking the caller's role (engine/wire/roles.py,
+derived from `least_role` here); the vLLM agent answers those whose `answered_by` names it. Senders leave out what they do not set
 (`omit_defaults`): a field left out takes the default declared here.
 """
 
