@@ -48,7 +48,7 @@ def main() -> None:
         window = MainWindow(theme="dark")
         window.attach(TransportThread(server.control), server.control)
         window.show()
-        wait(app, lambda: window.connection == "connected" and not window.status_line.stale, 180)
+        wait(app, lambda: window.source.now.connected and not window.status_line.stale, 180)
         time.sleep(1.0 + 0.37 * rep)  # kill at different points of the 1 Hz metrics cycle
         wait(app, lambda: False, 0.0)
         killed = time.monotonic()

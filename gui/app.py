@@ -75,7 +75,7 @@ class App:
         self.hosted = HostedEngine(config, extra, parent=self.window)
         self.hosted.ready.connect(lambda control, _tel: self.attach(control, hosted=True))
         self.hosted.failed.connect(self._hosted_failed)
-        self.window.status_line.set_connection("hosted engine starting")
+        self.window.source.set_note("hosted engine starting")
         self.hosted.start()
 
     def attach(self, endpoint: str, server_key=None, client_keys=None, *, hosted: bool = False) -> None:
@@ -102,7 +102,7 @@ class App:
 
     def _hosted_failed(self, why: str) -> None:
         self.window.show_message(why, 0, "danger")
-        self.window.status_line.set_connection("hosted engine stopped")
+        self.window.source.set_note("hosted engine stopped")
 
     def quit(self, *_) -> None:
         """What File -> Quit does (close the window, which stops the hosted engine), and end

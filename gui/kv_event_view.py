@@ -14,34 +14,24 @@ window.
 
 from __future__ import annotations
 
-import zmq
 from PySide6.QtWidgets import QDockWidget, QLabel
 
 from engine.adapters.kv_attach import KvAttach
-from engine.adapters.kv_event_decode import KvEventError
-from engine.adapters.kv_event_watch import KvEventWatcher
 from gui.dialogs.kv_attach_dialog import KvAttachDialog
-from gui.kv_event_thread import KvEventThread
 from gui.model.kv_event_map import KvEventMap
-from gui.model.shared_kv_state import SharedKvEventState
+from gui.model.source import Kind
 from gui.widgets.kv_event_map import KvEventMapWidget
 
 
 class KvEventMixin:
     def _init_kv_events(self) -> None:
-        self.kv_attach: KvAttach | None = None
-        self.kv_watcher: KvEventWatcher | None = None  # owned by _kv_thread while it runs
-        self._kv_thread: KvEventThread | None = None
         self.kv_map: KvEventMap | None = None
         self.kv_view: KvEventMapWidget | None = None  # built on the first attach
         self._kv_hidden_docks: list[QDockWidget] = []
         self.kv_status = QLabel()
         self.kv_status.hide()
         self.statusBar().addPermanentWidget(self.kv_status, 1)
-
-    @property
-    def kv_mode(self) -> bool:
-        return self.kv_watcher is not None
+        self.source.kv_failed.connect(lambda message: self.show_message(message, 15_000, "danger"))
 
     def open_kv_attach(self) -> None:
         """File → Attach to vLLM / SGLang events…: the dialog, then kv_attach_requested."""
@@ -52,45 +42,19 @@ class KvEventMixin:
     def attach_kv_events(self, attach: KvAttach) -> None:
         """Watch `attach`'s endpoints in place of any engine or snapshot. Raises KvEventError
         (naming the address) when the watcher cannot be made; nothing changes then."""
-        try:
-            watcher = attach.watcher(SharedKvEventState())
-        except zmq.ZMQError as exc:
-            raise KvEventError(f"cannot connect to {', '.join(attach.endpoints)}: {exc}") from exc
-        self.leave_kv_events()
-        if self.transport is not None:
-            self._forget_answers(self.transport)
-            self.transport.stop()
-            self.transport = None
-        self._leave_snapshot()
-        self.toggle_demo(False)
+        self.source.open_kv_events(attach)  # raises before anything changed; the mode shows (_show_kv_mode)
+        self.kv_map = self.kv_view.state = KvEventMap()  # a new stream, a new map
         self.state = self._fresh_state()
-        self.connection = "kv-events"
-        self.kv_attach, self.kv_watcher, self.kv_map = attach, watcher, KvEventMap()
-        if self.kv_view is None:
-            self.kv_view = KvEventMapWidget(self.kv_map, theme_name=self.theme)
-            self.centralWidget().layout().addWidget(self.kv_view, 1)
-        else:
-            self.kv_view.state = self.kv_map
-        self._show_kv_mode(True)
-        self._kv_thread = KvEventThread(watcher, self)
-        self._kv_thread.failed.connect(lambda message: self.show_message(message, 15_000, "danger"))
-        self._kv_thread.start()
         self.refresh()
 
     def leave_kv_events(self) -> None:
         """Stop watching and bring the engine's views back (no-op outside KV-event mode)."""
-        if self.kv_watcher is None:
-            return
-        self._kv_thread.stop()  # closes the watcher on its own thread
-        self._kv_thread = None
-        self.kv_watcher = None
-        self.connection = "disconnected"
-        self._show_kv_mode(False)
-        self.status_line.set_endpoint("")
-        self.status_line.set_connection("disconnected")
+        if self.source.now.kind is Kind.KV_EVENTS:
+            self.source.close()
 
     def _refresh_kv(self) -> None:
-        state, endpoints = self.kv_watcher.state, list(self.kv_attach.endpoints)
+        source = self.source
+        state, endpoints = source.kv_thread.watcher.state, list(source.kv_attach.endpoints)
         with state.lock:  # the KV-event thread applies batches under it
             changed = self.kv_map.update(state)
             text = self.kv_map.status_text(state, endpoints)
@@ -101,6 +65,10 @@ class KvEventMixin:
         self.kv_status.setToolTip(details)
 
     def _show_kv_mode(self, on: bool) -> None:
+        """The engine's views, menu and actions out of the way while KV events are shown, and back."""
+        if on and self.kv_view is None:  # built on the first attach
+            self.kv_view = KvEventMapWidget(KvEventMap(), theme_name=self.theme)
+            self.centralWidget().layout().addWidget(self.kv_view, 1)
         self.page_map.setVisible(not on)
         if on:
             self.banner.hide()
@@ -110,12 +78,7 @@ class KvEventMixin:
         self.kv_view.setVisible(on)
         self.engine_menu.menuAction().setVisible(not on)
         engine_only = [a for a in self.actions() if a.property("control")]
-        for action in (*engine_only, self.export_action, *self.color_mode_actions):
+        for action in (*engine_only, self.export_action, *self.color_mode_actions, *self.docked_view_actions):
             action.setVisible(not on)
         self.status_line.setVisible(not on)
         self.kv_status.setVisible(on)
-        self._update_enablement()
-        if on:
-            self.setWindowTitle("PageWarden — vLLM / SGLang KV events (watch only)")
-        else:
-            self.set_readonly(self.readonly)

@@ -3,8 +3,11 @@
 Data flows one way: transport -> EngineState -> widgets. Each view follows the state's
 events it shows (see gui/widgets/state_view.py); the window's 10 Hz timer flushes them, so
 views repaint from the latest state, never once per message, and the window names no view
-in its refresh. Commands flow the other way: widget signal -> transport.request -> the
-engine; answers come back as transport.reply.
+in its refresh; a view class that declares a Dock is placed without being named here.
+Commands flow the other way: widget signal -> request -> the engine; each answer goes to
+the callback its request named. What the window shows (a live engine, a snapshot, KV
+events) is `self.source` (gui/source.py): the title, the status line, the enabled actions
+and the read-only rules are recomputed from it on every change (`_show_source`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from PySide6.QtWidgets import (
 )
 
 from engine.client import __version__
-from engine.wire.roles import READ_ONLY_OPS
 from gui.demo_load import DemoLoad
 from gui.dialogs.about_dialog import AboutDialog
 from gui.dialogs.attach_dialog import AttachDialog
@@ -34,9 +36,10 @@ from gui.dialogs.reconfigure_dialog import ReconfigureDialog
 from gui.kv_event_view import KvEventMixin
 from gui.model.engine_state import EngineState
 from gui.model.snapshot_state import scope_pairs
-from gui.model.window_title import engine_label, window_title
+from gui.model.source import Kind, Source
 from gui.probe_view import ProbeMixin
 from gui.snapshot_view import SnapshotMixin
+from gui.source import WindowSource
 from gui.theme import apply_theme
 from gui.widgets.alert_detail import AlertDetail
 from gui.widgets.alerts_badge import AlertsTabBadge
@@ -52,7 +55,7 @@ from gui.widgets.page_map import PageMapWidget
 from gui.widgets.request_timeline import RequestTimeline
 from gui.widgets.requests_table import RequestsTable
 from gui.widgets.snapshot_banner import SnapshotBanner
-from gui.widgets.state_view import StateView
+from gui.widgets.state_view import StateView, docked_view_classes
 from gui.widgets.status_line import StatusLine
 from gui.widgets.toast import Toast
 from gui.widgets.workers_panel import WorkersPanel
@@ -61,12 +64,14 @@ REFRESH_MS = 100  # 10 Hz at most
 MAP_MIN_WIDTH, MAP_MIN_HEIGHT = 560, 240  # px: two pools side by side stay readable at 1024x700
 KEYFRAME_RETRY_S = 1.0
 RECENT_KEY = "recent_engines"
+DOCK_AREAS = {"left": Qt.DockWidgetArea.LeftDockWidgetArea, "right": Qt.DockWidgetArea.RightDockWidgetArea,
+              "bottom": Qt.DockWidgetArea.BottomDockWidgetArea}
 SHORTCUTS = {
     "Attach to an engine": "Ctrl+O", "Export incident snapshot": "Ctrl+E", "Demo load on/off": "Ctrl+D",
     "Reconfigure": "Ctrl+R", "Refresh page maps (keyframe)": "F5", "Colour by request / tenant / state": "1 / 2 / 3",
     "Start / stop / restart the selected worker": "Ctrl+Shift+S / Ctrl+Shift+X / Ctrl+Shift+R",
     "Acknowledge selected alerts": "Ctrl+K", "Fire a canary request": "Ctrl+Shift+C",
-    "Export incident snapshot": "Ctrl+E", "Open snapshot": "Ctrl+Shift+O", "Quit": "Ctrl+Q",
+    "Open snapshot": "Ctrl+Shift+O", "Quit": "Ctrl+Q",
 }
 
 
@@ -88,18 +93,11 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         super().__init__()
         self.state = EngineState()
         self.readonly = readonly  # the user's choice (--readonly, the attach dialog); see effective_readonly
-        self.transport = None
-        self.endpoint = ""
-        self.hosted = False
-        self.connection = "disconnected"
+        self.source = WindowSource(self)  # what the window shows, and the threads that show it
         self.demo: DemoLoad | None = None
-        self._answers: dict[int, object] = {}  # ticket -> what to do with its answer (request's on_answer)
         self._scope_asks = 0  # only the latest scope ask's answer is shown
         self._last_keyframe_ask = 0.0
-        self.snapshot = None  # an OpenedSnapshot while the window shows a bundle
         self.export_job = None
-        self.live_state: EngineState | None = None  # the engine's state while a snapshot is shown over it
-        self._live_connection = "disconnected"  # its link meanwhile
         self.last_export: str | None = None
         self.setWindowTitle("PageWarden")
         self.resize(1400, 900)
@@ -109,10 +107,17 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self._demo_timer.timeout.connect(self._feed_demo)
         self._build_views()
         self._build_actions()
+        self._place_docked_views()
         self._init_kv_events()
         self._init_probe()
+        self.source.changed.connect(self._show_source)
+        self.source.telemetry.connect(self.on_telemetry)
+        self.source.status.connect(self.on_status)
+        self.source.stream_event.connect(self.on_stream_event)
+        self.source.unanswered_error.connect(
+            lambda op, error: self.show_message(f"{op} failed: {error.get('message')}", 15_000, "danger"))
         self.set_theme(theme)
-        self.set_readonly(readonly)
+        self._show_source(self.source.now, self.source.now)  # nothing shown yet: the rules for that
         self._timer.start(REFRESH_MS)
 
     # ---- layout -------------------------------------------------------------------------
@@ -187,6 +192,30 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self.addDockWidget(area, dock)
         return dock
 
+    def _place_docked_views(self) -> None:
+        """One of every view class that declares a Dock (gui/widgets/state_view.py), tabbed
+        with the docks already in its area, and a View menu entry that shows or hides it."""
+        self.docked_views: dict[type, QDockWidget] = {}
+        self.docked_view_actions: list[QAction] = []
+        self.docked_shortcuts: dict[str, str] = {}
+        for cls in docked_view_classes():
+            declared, area = cls.dock, DOCK_AREAS[cls.dock.area]
+            beside = [d for d in self.findChildren(QDockWidget) if self.dockWidgetArea(d) == area]
+            dock = self._dock(declared.title, cls(self.state), area)
+            dock.setFeatures(dock.features() | QDockWidget.DockWidgetFeature.DockWidgetClosable)
+            if beside:
+                self.tabifyDockWidget(beside[-1], dock)
+            dock.setVisible(declared.shown)
+            action = dock.toggleViewAction()
+            action.triggered.connect(lambda shown, d=dock: shown and d.raise_())  # in front of its tab group
+            if declared.shortcut:
+                action.setShortcut(QKeySequence(declared.shortcut))
+                self.docked_shortcuts[f"Show / hide {declared.title}"] = declared.shortcut
+            self.view_menu.addAction(action)
+            self.addAction(action)  # its shortcut works wherever the focus is
+            self.docked_views[cls] = dock
+            self.docked_view_actions.append(action)
+
     def _action(self, menu, text: str, slot, shortcut: str | None = None, *, control: bool = False,
                 checkable: bool = False) -> QAction:
         action = QAction(text, self)
@@ -226,7 +255,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
                                        "Ctrl+K", control=True)
         self.canary_action = self._action(engine, "Fire a &canary", lambda: self.request("canary"),
                                           "Ctrl+Shift+C", control=True)
-        view = bar.addMenu("&View")
+        view = self.view_menu = bar.addMenu("&View")
         modes = QActionGroup(self)
         self.color_mode_actions = []
         for i, (mode, text) in enumerate((("request", "Colour by &request"), ("tenant", "Colour by &tenant"),
@@ -262,29 +291,33 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         view.addSeparator()
         self._action(view, "&Find request or tenant",
                      lambda _=False: (self.find_box.setFocus(), self.find_box.selectAll()), "Ctrl+F")
+        view.addSeparator()  # the docked views' entries follow (_place_docked_views)
         self.addToolBar(toolbar)
         self._fill_recent()
 
-    # ---- connecting -------------------------------------------------------------------
+    # ---- the source: what the window shows ------------------------------------------------
     def attach(self, transport, endpoint: str, *, hosted: bool = False) -> None:
         """Start showing the engine behind `transport` (a TransportThread, not yet started)."""
-        self.leave_kv_events()
-        if self.transport is not None:
-            self._forget_answers(self.transport)
-            self.transport.stop()
-        self.state = self.state if self.transport is None and self.snapshot is None else self._fresh_state()
-        self._leave_snapshot()
-        self.transport, self.endpoint, self.hosted = transport, endpoint, hosted
-        self._show_readonly()  # the engine left behind may have been read-only; this one has not said yet
-        transport.telemetry.connect(self.on_telemetry)
-        transport.status.connect(self.on_status)
-        transport.reply.connect(self.on_reply)
-        transport.stream_event.connect(self.on_stream_event)
-        transport.connection.connect(self.on_connection)
-        transport.start()
-        self.status_line.set_endpoint(endpoint, hosted=hosted)
+        if self.source.now.kind not in (Kind.NONE, Kind.KV_EVENTS):  # a window with nothing shown keeps its state
+            self.state = self._fresh_state()
+        self.source.open_live(transport, endpoint, hosted=hosted)
         if not hosted:
             self._remember(endpoint)
+
+    def _show_source(self, before: Source, after: Source) -> None:
+        """Everything that follows from the source, recomputed on every change of it."""
+        if before.shows_engine_views != after.shows_engine_views:
+            self._show_kv_mode(not after.shows_engine_views)
+        if after.kind is not Kind.SNAPSHOT:
+            self.snapshot_banner.hide()
+        self.status_line.set_endpoint(after.address())
+        self.status_line.set_connection(after.link_words())
+        self.status_line.set_snapshot(after.taken if after.kind is Kind.SNAPSHOT else None)
+        self.workers_panel.set_connected(after.connected)
+        self.state.events.connection.mark()
+        self._show_readonly()
+        if after.connected and not before.connected:
+            self.ask_keyframe()
 
     def _fresh_state(self, state: EngineState | None = None) -> EngineState:
         """A new engine (or a snapshot): a new state object for every view, each repainted
@@ -304,7 +337,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
     @property
     def engine_state(self) -> EngineState:
         """The state the engine's telemetry goes to: the window's, or the live one behind a snapshot."""
-        return self.live_state if self.snapshot is not None and self.live_state is not None else self.state
+        return self.source.live_state if self.source.live_state is not None else self.state
 
     def on_telemetry(self, messages: list) -> None:
         state = self.engine_state
@@ -313,44 +346,14 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
 
     def on_status(self, status: dict) -> None:
         state = self.engine_state
-        before = (self.engine_readonly, state.engine.get("name"))
         state.apply_status(status)
-        if state is self.state and (self.engine_readonly, state.engine.get("name")) != before:
-            self._show_readonly()
+        self.source.set_engine_read_only(state.engine.get("read_only") is True)
+        self.update_title()  # the engine's name may have changed with it
         if not state.current_alerts() and status.get("alerts"):
             from engine.wire.protocol import Message
 
             for record in status["alerts"]:
                 state.apply(Message({"topic": "alerts", **record}))
-
-    def on_connection(self, state: str) -> None:
-        if self.snapshot is not None:  # the live link behind the snapshot: shown again on Close
-            self._live_connection = state
-            return
-        self.connection = state
-        self.status_line.set_connection(state)
-        self.workers_panel.set_connected(state == "connected")
-        self.state.events.connection.mark()
-        if state == "connected":
-            self.ask_keyframe()
-
-    def on_reply(self, ticket: int, op: str, result) -> None:
-        """An answer goes to what its request asked for (`on_answer`), else to the status line."""
-        on_answer = self._answers.pop(ticket, None)
-        error = result.get("error") if isinstance(result, dict) else None
-        if on_answer is not None:
-            on_answer(result, error)
-        elif error:
-            self.show_message(f"{op} failed: {error.get('message')}", 15_000, "danger")
-
-    def _forget_answers(self, transport) -> None:
-        """A transport going away: its late answers reach nobody (the next one counts its
-        tickets from 1 again)."""
-        try:
-            transport.reply.disconnect(self.on_reply)
-        except (RuntimeError, TypeError):
-            pass
-        self._answers.clear()
 
     def _worker_answered(self, op: str, result, error) -> None:
         if error:
@@ -358,7 +361,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         else:
             self.show_message(f"{op} {result.get('name')}: {result.get('state')}", 8_000, "ok")
 
-    def on_stream_event(self, msg) -> None:
+    def on_stream_event(self, msg) -> None:  # a submit's stream: msg.op is the stream's step, not a reply's op
         if self.demo is not None and msg.op in ("done", "error"):
             self.demo.ended(msg.get("id"))
 
@@ -366,15 +369,16 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
     def refresh(self) -> None:
         """The frame: every view whose events were marked since the last one repaints once."""
         self._refresh_probe()
-        if self.kv_mode:
+        source = self.source.now
+        if source.kind is Kind.KV_EVENTS:
             self._refresh_kv()
             self._update_enablement()
             return
-        stale = self.state.check_stale(connected=self.connection == "connected", live=self.snapshot is None)
+        stale = self.state.check_stale(connected=source.connected, live=source.kind is not Kind.SNAPSHOT)
         dialog = getattr(self, "reconfigure_dialog", None)
         if dialog is not None and dialog.isVisible():
             dialog.set_stale(stale)
-        live = self.engine_state if self.transport is not None else None
+        live = self.engine_state if self.source.transport is not None else None
         if live is not None:
             live.record_history()  # behind a snapshot too: Close returns to an unbroken history
         self.state.events.frame.mark()
@@ -386,25 +390,22 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
             self.ask_keyframe()  # a sequence gap: resynchronise
 
     def _update_enablement(self) -> None:
-        connected = self.connection == "connected" and self.transport is not None and self.snapshot is None
+        """The actions' enabled states: a function of the source, the user's choice and an export in hand."""
+        source = self.source.now
+        controls = source.controls_enabled(self.readonly)
         for action in self.actions():
             if action.property("control"):
-                action.setEnabled(connected and not self.effective_readonly)
-        self.export_action.setEnabled(connected and self.export_job is None)
+                action.setEnabled(controls)
+        self.export_action.setEnabled(source.export_enabled(exporting=self.export_job is not None))
 
     # ---- commands -----------------------------------------------------------------------
     def request(self, op: str, on_answer=None, **fields) -> int | None:
         """Send a command through the transport; refused (None) in readonly mode or offline.
         on_answer(result, error) gets its answer (error: the error map, or None); without one
         an error is shown on the status line."""
-        if self.transport is None:
-            return None
-        if (self.effective_readonly or self.snapshot is not None) and op not in READ_ONLY_OPS:
+        if not self.source.now.allows(op, user_readonly=self.readonly):
             return None  # behind a snapshot the engine is only listened to
-        ticket = self.transport.request(op, **fields)
-        if on_answer is not None:
-            self._answers[ticket] = on_answer
-        return ticket
+        return self.source.request(op, on_answer, **fields)
 
     def ask_keyframe(self) -> None:
         self._last_keyframe_ask = time.monotonic()
@@ -424,8 +425,8 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
             self.alert_detail.show_alert(rows[0])
 
     def _ask_scope(self, since: float, until: float, run: str = "") -> None:
-        if self.snapshot is not None:  # answered from the bundle
-            self.alert_detail.show_scope(scope_pairs(self.snapshot, since, until))
+        if self.source.snapshot is not None:  # answered from the bundle
+            self.alert_detail.show_scope(scope_pairs(self.source.snapshot, since, until))
             return
         self._scope_asks += 1
         ask = self._scope_asks
@@ -448,7 +449,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
             self.request("ack_alert", ids=[alerts[i].ack_id if i in alerts else i for i in ids])
 
     def open_reconfigure(self) -> None:
-        if self.effective_readonly or self.transport is None:
+        if not self.source.now.allows("reconfigure", user_readonly=self.readonly):
             return
         dialog = ReconfigureDialog(self.state, self)
         dialog.validate_requested.connect(lambda changes: self._reconfigure(changes, False))
@@ -467,7 +468,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self.request("reconfigure", answered, changes=changes, apply=apply)
 
     def toggle_demo(self, on: bool) -> None:
-        if on and not self.effective_readonly and not self.kv_mode:
+        if on and self.source.now.demo_allowed(self.readonly):
             window = int(self.state.config.get("engine", {}).get("context_window", 2048))
             self.demo = DemoLoad(context_window=window)
             self._demo_timer.start(200)
@@ -482,7 +483,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
 
     def _feed_demo(self) -> None:
         demo = self.demo
-        if demo is None or self.connection != "connected":
+        if demo is None or not self.source.now.connected:
             return
         for _ in range(4):
             if not demo.want_more() or len(demo.inflight) + demo.sent - demo.finished > demo.max_inflight * 2:
@@ -520,16 +521,14 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
 
     @property
     def engine_readonly(self) -> bool:
-        """The engine attached says it answers viewer ops only (`read_only: true` in its
-        status's engine map: the PageWarden agent for vLLM). Read from the state, so it ends
-        with the engine (another attach, a snapshot, KV-event mode)."""
-        return (self.transport is not None and self.snapshot is None and not self.kv_mode
-                and self.state.engine.get("read_only") is True)
+        """The engine shown says it answers viewer ops only (`read_only: true` in its status's
+        engine map: the PageWarden agent for vLLM); it ends with that engine."""
+        return self.source.now.kind is Kind.VLLM_AGENT
 
     @property
     def effective_readonly(self) -> bool:
         """What the window does: read-only when the user chose it or the engine is read-only."""
-        return self.readonly or self.engine_readonly
+        return self.source.now.read_only(self.readonly)
 
     def set_readonly(self, readonly: bool) -> None:
         """The user's choice (--readonly, the attach dialog); a read-only engine overrides
@@ -538,44 +537,30 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self._show_readonly()
 
     def _show_readonly(self) -> None:
-        readonly, by_engine = self.effective_readonly, self.engine_readonly
+        source = self.source.now
         for view in (self.workers_panel, self.alerts_table, self.banner):
-            view.set_readonly(readonly)
-        if readonly:
+            view.set_readonly(source.views_read_only(self.readonly))
+        if not source.demo_allowed(self.readonly):
             self.toggle_demo(False)
         self._update_enablement()
-        why = "the engine answers viewer requests only" if by_engine else "read-only window (--readonly)"
-        self.status_line.set_readonly(readonly, why)
+        self.status_line.set_readonly(source.read_only(self.readonly), source.read_only_reason())
         self.update_title()
 
     def update_title(self) -> None:
-        """The engine shown, whether it is read-only and its firing critical alerts (every frame)."""
-        if self.kv_mode:
-            return
-        if self.snapshot is not None:
-            title = f"PageWarden — snapshot {self.snapshot.path.name} (read-only)"
-        else:
-            readonly = ""
-            if self.engine_readonly:
-                name = self.state.engine.get("name")
-                readonly = "read-only engine" + (f": {name}" if isinstance(name, str) and name else "")
-            elif self.effective_readonly:
-                readonly = "read-only"
-            attached = self.transport is not None
-            engine = engine_label(self.endpoint, self.hosted, self.state.engine.get("hostname")) if attached else ""
-            title = window_title(engine, critical=self.state.firing_critical() if attached else 0, readonly=readonly)
+        """The source, whether it is read-only and its firing critical alerts (every frame)."""
+        engine = self.state.engine
+        title = self.source.now.title(user_readonly=self.readonly, engine_name=engine.get("name"),
+                                      hostname=engine.get("hostname"), critical=self.state.firing_critical())
         if title != self.windowTitle():
             self.setWindowTitle(title)
 
     def show_about(self) -> None:
-        AboutDialog(__version__, SHORTCUTS, self).exec()
+        AboutDialog(__version__, {**SHORTCUTS, **self.docked_shortcuts}, self).exec()
 
     def closeEvent(self, event) -> None:
         self._timer.stop()
         self._demo_timer.stop()
         self.close_probe()
-        if self.transport is not None:
-            self.transport.stop()
-        self.leave_kv_events()
+        self.source.close()
         super().closeEvent(event)
 

@@ -24,6 +24,7 @@ from engine.adapters.openai_http import ProbeError
 from gui.dialogs.probe_dialog import ProbeDialog
 from gui.model.engine_state import AlertRow
 from gui.model.probe_schedule import ALERT_PREFIX, ProbeRequest, ProbeSchedule
+from gui.model.source import Kind
 
 TICK_MS = 1000
 HTTP_TIMEOUT_S = 120.0
@@ -163,12 +164,12 @@ class ProbeMixin:
 
     def _add_probe_alerts(self, rows: list[AlertRow]) -> None:
         self.probe_alerts += rows
-        if rows and self.snapshot is None:
+        if rows and self.source.now.kind is not Kind.SNAPSHOT:
             for row in rows:
                 self.state.alerts[row.id] = row
                 self.state.new_alerts.append(row)
             self.state.events.alerts.mark()
-            if self.kv_mode:  # the window's refresh skips the engine's views there
+            if self.source.now.kind is Kind.KV_EVENTS:  # the window's refresh skips the engine's views there
                 self._show_probe_alerts()
         self._refresh_probe()
 
@@ -193,14 +194,14 @@ class ProbeMixin:
 
     def _refresh_probe(self) -> None:
         """Called by the window's 10 Hz refresh: status text, actions, alerts for a new state."""
-        if self.snapshot is None and self.state is not self._probe_state:
+        if self.source.now.kind is not Kind.SNAPSHOT and self.state is not self._probe_state:
             self._probe_state = self.state
             missing = [row for row in self.probe_alerts if row.id not in self.state.alerts]
             for row in missing:
                 self.state.alerts[row.id] = row
             if missing:
                 self.state.events.alerts.mark()
-                if self.kv_mode:
+                if self.source.now.kind is Kind.KV_EVENTS:
                     self._show_probe_alerts()
         schedule = self.probe
         self.stop_probe_action.setEnabled(schedule is not None and schedule.active)

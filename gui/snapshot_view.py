@@ -12,6 +12,7 @@ import time
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QProgressDialog
 
 from gui.model.snapshot_state import state_from_snapshot
+from gui.model.source import Kind
 from gui.snapshot.bundle import SnapshotError, read_bundle
 from gui.snapshot_export import ExportJob
 from gui.transport import TransportClient
@@ -22,14 +23,15 @@ SNAPSHOT_MARGIN_S = 60.0  # an alert's snapshot starts this long before the aler
 class SnapshotMixin:
     def export_snapshot(self, path: str | None = None, since: float | None = None) -> bool:
         """Collect and write a bundle in the background (progress shown); False if not started."""
-        if self.transport is None or self.snapshot is not None or self.export_job is not None:
+        if not self.source.now.live or self.export_job is not None:  # a live engine shown, no export in hand
             return False
         if path is None:
             default = f"pagewarden-snapshot-{time.strftime('%Y%m%d-%H%M%S')}.zip"
             path, _ = QFileDialog.getSaveFileName(self, "Export incident snapshot", default, "Snapshot (*.zip)")
             if not path:
                 return False
-        job = ExportJob(TransportClient(self.transport), path, since=since, endpoint=self.endpoint, parent=self)
+        job = ExportJob(TransportClient(self.source.transport), path, since=since, endpoint=self.source.now.label,
+                        parent=self)
         progress = QProgressDialog("Exporting incident snapshot…", "Cancel", 0, 100, self)
         progress.setWindowTitle("Incident snapshot")
         progress.setMinimumDuration(300)  # short exports never flash a dialog
@@ -77,23 +79,12 @@ class SnapshotMixin:
             return False
         state, problems = state_from_snapshot(opened)
         opened.warnings.extend(problems)
-        self.leave_kv_events()
         self.toggle_demo(False)
-        if self.snapshot is None:
-            # the live session goes on behind the snapshot (history, plots, acknowledgements),
-            # so that Close returns to it as it was, with what happened meanwhile
-            self.live_state = self.state if self.transport is not None else None
-            self._live_connection = self.connection
-        self.snapshot = opened
-        self.connection = "snapshot"
+        # the live session goes on behind the snapshot (history, plots, acknowledgements),
+        # so that Close returns to it as it was, with what happened meanwhile
+        self.source.open_snapshot(opened, shown=self.state)
         self.state = self._fresh_state(state)
         self.snapshot_banner.show_snapshot(opened.manifest, str(opened.path), opened.warnings)
-        self.status_line.set_endpoint(f"snapshot {opened.path.name}", hosted=False)
-        self.status_line.set_connection("read-only snapshot")
-        self.status_line.set_snapshot(str(opened.manifest.get("created_utc") or "?"))
-        self.workers_panel.set_connected(False)
-        for view in (self.workers_panel, self.alerts_table, self.banner):
-            view.set_readonly(True)
         self.alert_detail.show_alert(None)
         self.state.take_new_alerts()
         self.refresh()
@@ -104,26 +95,9 @@ class SnapshotMixin:
         """Back to the live session shown before the snapshot was opened, as it was (history,
         plots, acknowledgements) and with what its engine sent meanwhile; no trace of the
         snapshot beside live alerts. Without one, back to no engine."""
-        if self.snapshot is None:
+        if self.source.now.kind is not Kind.SNAPSHOT:
             return
-        live = self.live_state
-        self._leave_snapshot()
+        live = self.source.close_snapshot()
         self.alert_detail.show_alert(None)
-        if live is not None and self.transport is not None:
-            self.state = self._fresh_state(live)
-            self.status_line.set_endpoint(self.endpoint, hosted=self.hosted)
-            self.on_connection(self._live_connection)
-        else:
-            self.state = self._fresh_state()
-            self.connection = "disconnected"
-            self.status_line.set_endpoint("", hosted=False)
-            self.status_line.set_connection("disconnected")
+        self.state = self._fresh_state(live)
         self.refresh()
-
-    def _leave_snapshot(self) -> None:
-        if self.snapshot is not None:
-            self.snapshot = None
-            self.live_state = None
-            self.snapshot_banner.hide()
-            self.status_line.set_snapshot(None)
-            self.set_readonly(self.readonly)

@@ -3,7 +3,9 @@
 Qt-free: `apply(message)` folds one decoded telemetry message in, says which parts changed
 and marks them in `events` (one emitter per part, EVENTS); views connect to the parts they
 show, and the window's 10 Hz timer flushes the marks, so each view repaints at most once a
-frame from the latest state. `selection` is the window's one selected request.
+frame from the latest state. `selection` is the window's one selected request. Every topic,
+known or not, also lands in `topics` (its latest payload) and marks `topic:<name>` and
+`topics`: a new topic needs no edit here unless it needs typed handling (`_on_<topic>`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from gui.model.events import Events
 from gui.model.find import Find
 from gui.model.page_history import PageHistory
 from gui.model.selection import Selection
+from gui.model.topic_log import TOPIC_EVENT_PREFIX, TopicLog, topic_event
 
 MAX_REQUESTS = 5_000  # rows kept in the requests table (oldest finished ones go first)
 MAX_ALERTS = 2_000
@@ -31,12 +34,13 @@ MAX_TIMELINE = 32  # phase changes kept per request
 STALE_AFTER_S = 3.0  # no telemetry for this long: show everything as stale, not healthy
 METRIC_WINDOW_S = 600.0  # the plots show the last ten minutes
 METRIC_SERIES = ("tokens_per_s", "ttft_ms_p50", "tpot_ms_p50", "queue_depth", "running")
-# What a view can follow. A telemetry topic T handled by `_on_T` marks event T; status
-# replies mark workers/capacity/engine; the window marks connection (the link changed) and
-# frame (every repaint: what depends on the clock alone); check_stale marks stale;
-# selection is emitted at once by `selection`.
+# What a view can follow. A telemetry topic T handled by `_on_T` marks event T; every topic
+# T, handled or not, marks `topic:T` (declared on first use) and `topics`; status replies
+# mark workers/capacity/engine; the window marks connection (the link changed) and frame
+# (every repaint: what depends on the clock alone); check_stale marks stale; selection is
+# emitted at once by `selection`.
 EVENTS = ("pages", "requests", "alerts", "workers", "capacity", "engine", "metrics", "connection", "stale",
-          "frame", "selection", "crossings", "history", "find", "rewind")
+          "frame", "selection", "crossings", "history", "find", "rewind", "topics")
 MAX_RESTARTS = 100  # restart marks kept (the plots show those in their span)
 
 
@@ -143,7 +147,8 @@ class EngineState:
         self.last_message_at: float | None = None
         self.messages = 0
         self.stale: bool | None = None  # as last shown (check_stale); None before the first check
-        self.events = Events(*EVENTS)
+        self.topics = TopicLog()  # every topic's latest payload, known or not
+        self.events = Events(*EVENTS, families=(TOPIC_EVENT_PREFIX,))
         self.selection = Selection(self.events.selection)
 
     # ---- selection ------------------------------------------------------------------------
@@ -173,14 +178,16 @@ class EngineState:
         self.last_message_at = now
         self.messages += 1
         topic = msg.topic or ""
+        changed = {topic_event(topic), "topics"} if topic and self.topics.store(topic, msg.header, now, time.time()) \
+            else set()
         if topic.startswith(PAGES_PREFIX):
-            changed = {"pages"} if self.pages.apply(msg) else set()
+            if self.pages.apply(msg):
+                changed.add("pages")
         else:
             handler = getattr(self, f"_on_{topic}", None)
-            if handler is None:
-                return set()
-            handler(msg, now)
-            changed = {topic}
+            if handler is not None:
+                handler(msg, now)
+                changed.add(topic)
         self.events.mark(*changed)
         return changed
 

@@ -49,18 +49,30 @@ class EventEmitter:
 
 class Events:
     """The emitters of one model, as attributes (`events.pages`); an unknown name raises
-    AttributeError, so a view cannot connect to a change the model never reports."""
+    AttributeError, so a view cannot connect to a change the model never reports.
 
-    def __init__(self, *names: str):
+    `families` are name prefixes whose members are declared on first use (`topic:` +
+    any telemetry topic): a view can follow a topic before its first message arrives."""
+
+    def __init__(self, *names: str, families: tuple[str, ...] = ()):
         self.names = tuple(names)
+        self.families = tuple(families)
         self._emitters = {name: EventEmitter(name, self) for name in names}
         self._pending: dict[str, None] = {}  # marked since the last flush, in marking order
 
     def __getattr__(self, name: str) -> EventEmitter:
         try:
-            return self.__dict__["_emitters"][name]
+            emitters, families = self.__dict__["_emitters"], self.__dict__["families"]
+            if name not in emitters and name.startswith(families):
+                self._declare(name)
+            return emitters[name]
         except KeyError:
-            raise AttributeError(f"no event {name!r}; this model reports {', '.join(self.names)}") from None
+            names = ", ".join(self.__dict__.get("names", ()))
+            raise AttributeError(f"no event {name!r}; this model reports {names}") from None
+
+    def _declare(self, name: str) -> None:
+        self._emitters[name] = EventEmitter(name, self)
+        self.names += (name,)
 
     def __getitem__(self, name: str) -> EventEmitter:
         return getattr(self, name)
@@ -68,6 +80,8 @@ class Events:
     def mark(self, *names: str) -> None:
         """Note changes for the next flush; raises KeyError for an undeclared name."""
         for name in names:
+            if name not in self._emitters and name.startswith(self.families):
+                self._declare(name)
             if name not in self._emitters:
                 raise KeyError(f"no event {name!r}; this model reports {', '.join(self.names)}")
             self._pending[name] = None

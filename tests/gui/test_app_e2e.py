@@ -114,7 +114,7 @@ def test_capacity_banner_until_a_reconfigure_fixes_it(start_server, open_window,
     dialog = window.reconfigure_dialog
     changes = {"pools": {"prefill": {"pages": 128}}}
     dialog.validate_requested.emit(changes)
-    qtbot.waitUntil(lambda: not window._answers, timeout=10_000)
+    qtbot.waitUntil(lambda: not window.source.answers, timeout=10_000)
     dialog.apply_requested.emit(changes)
     qtbot.waitUntil(lambda: not window.banner.isVisible(), timeout=60_000)
     assert not window.state.exceeding_findings()
@@ -167,7 +167,7 @@ def test_dead_engine_shows_stale_and_a_restarted_one_is_picked_up(start_server, 
     assert stale_after < 10  # generous here (a test does not time); bench/gui_stale.py measures it
     restarted = start_server(bind=bind)
     client = restarted.client()
-    qtbot.waitUntil(lambda: window.connection == "connected" and not window.status_line.stale, timeout=60_000)
+    qtbot.waitUntil(lambda: window.source.now.connected and not window.status_line.stale, timeout=60_000)
     client.generate([256, 5, 6, 7], max_new_tokens=3, ignore_eos=True)
     for pool in ("prefill-0", "decode-0"):
         qtbot.waitUntil(lambda p=pool: p in window.state.pages.pools and not window.state.pages.stale_pools()

@@ -36,7 +36,7 @@ def test_incident_placeholder_in_the_app(qtbot, tmp_path):
     client = None
     try:
         qtbot.waitUntil(lambda: connected_and_ready(window), timeout=CONNECT_MS)
-        client = EngineClient(window.endpoint, timeout_s=300)
+        client = EngineClient(window.source.now.label, timeout_s=300)
         rng = random.Random(7)
         # phase 1: the manifest check is off, the writer-tag check catches the placeholders
         client.reconfigure({"defences": {"manifest_check": False}}, apply=True)

@@ -23,6 +23,7 @@ from gui.app import App, kv_attach_from_args
 from gui.dialogs.kv_attach_dialog import KvAttachDialog
 from gui.main_window import MainWindow
 from gui.model.page_colors import FREE_PAGE, WRITTEN
+from gui.model.source import Kind
 from gui.widgets.kv_event_map import WAITING
 from tests.kv_event_publisher import KvEventTestPublisher, cleared, removed, stored
 
@@ -288,7 +289,7 @@ def test_engine_only_controls_are_hidden_and_come_back_when_the_mode_ends(qtbot,
     assert window.attach_action.isVisible() and window.open_snapshot_action.isVisible()
 
     window.leave_kv_events()
-    assert not window.kv_mode and window.kv_watcher is None
+    assert window.source.now.kind is Kind.NONE and window.source.kv_thread is None
     assert all(a.isVisible() for a in (*engine_only, window.export_action, *window.color_mode_actions))
     assert window.engine_menu.menuAction().isVisible()
     assert all(not d.isHidden() for d in docks) and window.page_map.isVisible() and not window.kv_view.isVisible()
@@ -306,7 +307,8 @@ def test_the_gui_flags_attach_at_start_and_the_dialog_switches_streams(qtbot, pu
     qtbot.addWidget(shell.window)
     shell.start()
     window = shell.window
-    assert window.kv_mode and window.kv_attach == KvAttach((first.endpoint,), (first.replay_endpoint,), "vllm")
+    assert window.source.now.kind is Kind.KV_EVENTS
+    assert window.source.kv_attach == KvAttach((first.endpoint,), (first.replay_endpoint,), "vllm")
     assert shell.hosted is None
     assert result(qtbot, first.run(lambda p: p.wait_for_subscriber(60)))
     result(qtbot, first.run(lambda p: p.publish([stored(chain(1, 3), None, range(48))])))
@@ -324,7 +326,7 @@ def test_the_gui_flags_attach_at_start_and_the_dialog_switches_streams(qtbot, pu
 
     monkeypatch.setattr("gui.kv_event_view.KvAttachDialog", Accepting)
     window.kv_attach_action.trigger()
-    assert window.kv_attach == KvAttach((second.endpoint,), (None,), "sglang")
+    assert window.source.kv_attach == KvAttach((second.endpoint,), (None,), "sglang")
     assert result(qtbot, second.run(lambda p: p.wait_for_subscriber(60)))
     result(qtbot, second.run(lambda p: p.publish([stored(chain(7, 2), None, range(32))], "sglang", rank=3)))
     wait_blocks(qtbot, window, "rank 3 · unspecified", 2)
@@ -397,4 +399,4 @@ def test_the_dialog_gives_what_to_watch_and_remembers_it(qtbot, settings):
 def test_a_window_attach_that_cannot_be_made_changes_nothing(qtbot, window):
     with pytest.raises(KvEventError, match="scheme 'udp'"):
         window.attach_kv_events(KvAttach(("udp://127.0.0.1:5557",), (None,), "auto"))
-    assert not window.kv_mode and window.page_map.isVisible()
+    assert window.source.now.kind is Kind.NONE and window.page_map.isVisible()

@@ -76,7 +76,9 @@ def test_engine_state_marks_what_a_message_changed():
     state.apply(Message({"topic": "metrics", "tokens_per_s": 5.0}), now=1.0)
     state.apply(Message({"topic": "no-such-topic"}), now=1.0)
     state.apply_status({"workers": []})
-    assert set(state.events.pending) == {"metrics", "workers", "capacity", "engine"}
+    # every topic, known or not, also marks its own event and `topics` (the Telemetry inspector's)
+    assert set(state.events.pending) == {"metrics", "workers", "capacity", "engine", "topics", "topic:metrics",
+                                         "topic:no-such-topic"}
     assert state.check_stale(now=100.0) and state.events.pending[-1] == "stale"
 
 

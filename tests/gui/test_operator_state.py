@@ -67,7 +67,7 @@ def test_closing_a_snapshot_returns_to_the_live_session_as_it_was(incident, open
     assert len(live.metrics["queue_depth"]) >= samples and len(window.metrics.curves["queue_depth"].xData) >= samples
     assert requests <= set(live.requests) and alerts <= set(live.alerts)
     assert live.crossings.acknowledged == acknowledged and not window.crossing_banner.isVisible()
-    qtbot.waitUntil(lambda: window.connection == "connected", timeout=10_000)
+    qtbot.waitUntil(lambda: window.source.now.connected, timeout=10_000)
     assert window.status_line.connection_label.text() == "connected"
 
 

@@ -108,12 +108,13 @@ def test_the_probe_works_in_the_kv_event_mode_too(qtbot, window):
     """The action is there while the window watches vLLM / SGLang events, and its alerts
     bring the (otherwise hidden) alerts dock back."""
     from engine.adapters.kv_attach import check_kv_attach
+    from gui.model.source import Kind
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     window.attach_kv_events(check_kv_attach([f"tcp://127.0.0.1:{port}"]))
-    assert window.kv_mode and window.probe_action.isVisible() and window.probe_action.isEnabled()
+    assert window.source.now.kind is Kind.KV_EVENTS and window.probe_action.isVisible() and window.probe_action.isEnabled()
     schedule_through_dialog(qtbot, window, f"http://127.0.0.1:{port}", rounds=1)
     qtbot.waitUntil(lambda: any(r.kind == "probe_error" for r in window.alerts_table.model.rows), timeout=60_000)
     assert window.bottom_tabs.isVisible()

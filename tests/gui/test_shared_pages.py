@@ -235,7 +235,7 @@ def control_actions(window: MainWindow) -> list:
 def attach(window: MainWindow, endpoint: str) -> FakeTransport:
     transport = FakeTransport(endpoint)
     window.attach(transport, endpoint, hosted=True)
-    window.on_connection("connected")
+    transport.connection.emit("connected")  # as the transport thread says it
     window.refresh()
     return transport
 
@@ -262,7 +262,7 @@ def test_a_read_only_engine_disables_the_controls_until_the_window_leaves_it(win
     w.refresh()
     actions = control_actions(w)
     assert {a.text() for a in actions} >= {"&Demo load", "&Reconfigure…", "Fire a &canary"}
-    assert all(a.isEnabled() for a in actions) and w.windowTitle() == f"PageWarden — hosted engine {w.endpoint}"
+    assert all(a.isEnabled() for a in actions) and w.windowTitle() == f"PageWarden — hosted engine {w.source.now.label}"
 
     w.on_status(agent_status())  # the vLLM agent
     w.refresh()
@@ -287,14 +287,14 @@ def test_a_read_only_engine_disables_the_controls_until_the_window_leaves_it(win
     w.on_status(agent_status(read_only=False, name="PageWarden 0.9"))  # the same address, now our engine
     w.refresh()
     assert not w.engine_readonly and all(a.isEnabled() for a in actions)
-    assert w.windowTitle() == f"PageWarden — hosted engine {w.endpoint}" and not w.workers_panel._readonly
+    assert w.windowTitle() == f"PageWarden — hosted engine {w.source.now.label}" and not w.workers_panel._readonly
     assert not w.status_line.readonly_label.isVisibleTo(w.status_line)
 
     w.on_status(agent_status())  # read-only again, then another engine is attached
     w.refresh()
     assert not any(a.isEnabled() for a in actions)
     attach(w, "tcp://127.0.0.1:6666")
-    assert not w.engine_readonly and all(a.isEnabled() for a in actions) and w.windowTitle() == f"PageWarden — hosted engine {w.endpoint}"
+    assert not w.engine_readonly and all(a.isEnabled() for a in actions) and w.windowTitle() == f"PageWarden — hosted engine {w.source.now.label}"
     assert w.request("canary") is not None
 
 
@@ -302,16 +302,16 @@ def test_a_user_readonly_window_stays_read_only_after_a_read_only_engine(window)
     w = window(readonly=True)
     attach(w, "tcp://127.0.0.1:5555")
     actions = control_actions(w)
-    assert not any(a.isEnabled() for a in actions) and w.windowTitle() == f"PageWarden — hosted engine {w.endpoint} — read-only"
+    assert not any(a.isEnabled() for a in actions) and w.windowTitle() == f"PageWarden — hosted engine {w.source.now.label} — read-only"
     w.on_status(agent_status())
     w.refresh()
     assert not any(a.isEnabled() for a in actions) and ENGINE_NAME in w.windowTitle()
     w.on_status(agent_status(read_only=False))
     w.refresh()
-    assert w.readonly and not any(a.isEnabled() for a in actions) and w.windowTitle() == f"PageWarden — hosted engine {w.endpoint} — read-only"
+    assert w.readonly and not any(a.isEnabled() for a in actions) and w.windowTitle() == f"PageWarden — hosted engine {w.source.now.label} — read-only"
     assert w.request("canary") is None
     attach(w, "tcp://127.0.0.1:6666")
-    assert not any(a.isEnabled() for a in actions) and w.windowTitle() == f"PageWarden — hosted engine {w.endpoint} — read-only"
+    assert not any(a.isEnabled() for a in actions) and w.windowTitle() == f"PageWarden — hosted engine {w.source.now.label} — read-only"
 
 
 def test_screenshot_of_a_read_only_vllm_window_with_shared_pages(window, qtbot, tmp_path):

@@ -103,7 +103,7 @@ def test_export_reopen_equals_the_live_engine(start_server, open_window, qtbot, 
     assert window.open_snapshot(path)
     assert window.snapshot_banner.isVisible() and window.snapshot_banner.verified
     # the live engine is only listened to meanwhile (Close returns to its session as it was)
-    assert window.live_state is not None and window.request("canary") is None
+    assert window.source.live_state is not None and window.request("canary") is None
     assert not window.reconfigure_action.isEnabled()
     assert not window.canary_action.isEnabled() and not window.export_action.isEnabled()
     assert not window.banner.reconfigure_button.isEnabled() and not window.alerts_table.acknowledge_button.isEnabled()
@@ -141,14 +141,14 @@ def test_export_reopen_equals_the_live_engine(start_server, open_window, qtbot, 
         f.truncate(os.path.getsize(truncated) // 2)
     assert not window.open_snapshot(str(truncated))
     assert no_dialogs and no_dialogs[-1][0] == "critical" and "truncated" in no_dialogs[-1][1]
-    assert window.snapshot is not None and window.snapshot.path == edited
+    assert window.source.snapshot is not None and window.source.snapshot.path == edited
 
     # Close Snapshot returns to the engine that was attached (issue 15, item 6), with no trace
     # of the snapshot's scope beside its live alerts
     window.close_snapshot()
-    assert window.snapshot is None and not window.snapshot_banner.isVisible()
+    assert window.source.snapshot is None and not window.snapshot_banner.isVisible()
     assert window.banner.reconfigure_button.isEnabled()  # read-only came with the snapshot, and went
-    assert window.transport is not None and window.endpoint == server.control
+    assert window.source.transport is not None and window.source.now.label == server.control
     qtbot.waitUntil(lambda: connected_and_ready(window), timeout=60_000)
     assert not window.alert_detail.pairs and "affected pair" not in window.alert_detail.view.toPlainText()
     assert f"PageWarden — {server.control}" in window.windowTitle() and window.export_action.isEnabled()

@@ -66,7 +66,7 @@ def test_two_hundred_thousand_messages_through_the_gui(start_server, open_window
     replay.close()
     assert window.state.messages - start >= SOAK_MESSAGES
     window.refresh()
-    assert not window.grab().isNull() and window.transport.isRunning()
+    assert not window.grab().isNull() and window.source.transport.isRunning()
     assert client.ping()  # and the engine was never disturbed
 
 
@@ -79,7 +79,7 @@ def test_hosted_engine_starts_with_the_window_and_stops_with_it(qtbot, tmp_path)
     app.start()
     app.window.show()
     qtbot.waitUntil(lambda: connected_and_ready(app.window), timeout=180_000)
-    assert app.window.hosted and app.hosted.control == app.window.endpoint
+    assert app.window.source.now.hosted and app.hosted.control == app.window.source.now.label
     pids = [app.hosted.pid, *[w.pid for w in app.window.state.workers]]
     app.window.close()
     app.stop_hosted()

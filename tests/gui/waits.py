@@ -8,5 +8,5 @@ from __future__ import annotations
 def connected_and_ready(window) -> bool:
     """The window is connected and has seen every worker ready (and at least one)."""
     workers = window.state.workers
-    return (window.connection == "connected" and bool(workers)
+    return (window.source.now.connected and bool(workers)
             and all(w.state == "ready" for w in workers))

@@ -45,7 +45,7 @@ def test_the_app_shows_vllms_blocks_by_owner_request_with_shared_prefix_blocks_m
         window.resize(1280, 800)
         window.attach(TransportThread(server.agent_control), server.agent_control)
         window.show()
-        qtbot.waitUntil(lambda: window.connection == "connected" and "vllm" in window.state.pages.pools,
+        qtbot.waitUntil(lambda: window.source.now.connected and "vllm" in window.state.pages.pools,
                         timeout=60_000)
         assert window.engine_readonly and not window.readonly  # the engine said so; the user did not
         controls = [a for a in window.findChildren(QAction) if a.property("control")]

@@ -294,7 +294,7 @@ def test_the_app_attached_to_the_decode_instance_shows_quarantined_blocks_and_tr
     window.resize(1280, 800)
     window.attach(TransportThread(pair.consumer.agent_control), pair.consumer.agent_control)
     window.show()
-    qtbot.waitUntil(lambda: window.connection == "connected" and "vllm" in window.state.pages.pools, timeout=60_000)
+    qtbot.waitUntil(lambda: window.source.now.connected and "vllm" in window.state.pages.pools, timeout=60_000)
     stop = threading.Event()
 
     def keep_faulting(k: int) -> None:
