@@ -18,7 +18,7 @@ from engine.wire.states import WorkerState
 
 
 class Outbox:
-    def __init__(self, control: zmq.Socket, bus: zmq.Socket, workers: WorkerPool):
+    def __init__(self, control: zmq.Socket[bytes], bus: zmq.Socket[bytes], workers: WorkerPool):
         self.control, self.bus, self.workers = control, bus, workers
 
     def to_client(self, identity: bytes, frames: Sequence[Any]) -> None:

@@ -15,12 +15,13 @@ import tempfile
 import time
 from collections import Counter, deque
 from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from engine.capacity import CapacityFinding, check_capacity, exceeding
-from engine.config import EngineConfig
+from engine.config import AlertsSection, CanariesSection, EngineConfig
 from engine.errors import ConfigError, PageWardenError, WorkerCrashed, WorkerStartFailed, WorkerStopped
 from engine.guard.canaries import CanaryBook
 from engine.guard.read_log import ReadLog
@@ -45,15 +46,16 @@ from engine.server.telemetry import TelemetryPublisher
 from engine.server.topics import PERIODIC_TOPICS
 from engine.server.worker_handle import WorkerHandle
 from engine.server.worker_pool import UNRESPONSIVE_FIRING_S, WorkerPool
-from engine.wire.messages.to_worker import Configure, Ping, Telemetry
 from engine.wire.messages.base import WorkerCommand
-from engine.wire.protocol import HEARTBEAT_TIMEOUT_S, ProtocolError, error_reply, message_id, unpack
+from engine.wire.messages.to_worker import Configure, Ping, Telemetry
+from engine.wire.protocol import HEARTBEAT_TIMEOUT_S, Message, ProtocolError, error_reply, message_id, unpack
 from engine.wire.roles import DEFAULT_LOCAL_ROLE, check_role
 from engine.wire.sockets import bind_endpoint, drain, harden
 from engine.wire.states import AlertState, Topic, WorkerState
 
 if TYPE_CHECKING:
     from engine.model.tokenizer import TextTokenizer
+    from engine.wire.curve import CurveServer
 
 DEFAULT_BIND = "tcp://127.0.0.1:5650"
 PROGRESS_PERIOD_S = 0.5  # running requests' token counts on the requests topic, at most this often
@@ -63,7 +65,8 @@ PROMPT_LOG_KEPT = 10_000  # prompt-log entries in memory (the evidence journal k
 
 class Supervisor:
     def __init__(self, config: EngineConfig, *, bind: str = DEFAULT_BIND, telemetry_bind: str | None = None,
-                 curve=None, allow_faults: bool = False, local_role: str = DEFAULT_LOCAL_ROLE):
+                 curve: CurveServer | None = None, allow_faults: bool = False,
+                 local_role: str = DEFAULT_LOCAL_ROLE):
         """curve: an engine.wire.curve.CurveServer, or None for plaintext (loopback only).
         allow_faults: defences may be turned off and faults on (reproducing incidents).
 
@@ -88,7 +91,7 @@ class Supervisor:
         self.ctx = curve.context if curve is not None else zmq.Context()
         self.run_dir = Path(tempfile.mkdtemp(prefix="pagewarden-"))
         self.run_dir.chmod(0o700)  # the bus and KV sockets live here: this user only
-        opened: list[zmq.Socket] = []
+        opened: list[zmq.Socket[bytes]] = []
         try:
             self._bind(bind, telemetry_bind, opened)
         except BaseException:  # e.g. the port is taken: give back what was opened, then say so
@@ -112,7 +115,7 @@ class Supervisor:
         self.audit = AuditLog(sink=self._audit_event)
         self.counters: Counter[str] = Counter()
         self.book = RequestBook()  # every request, and the one place a phase changes
-        self.prompt_log: deque[dict] = deque(maxlen=PROMPT_LOG_KEPT)
+        self.prompt_log: deque[dict[str, Any]] = deque(maxlen=PROMPT_LOG_KEPT)
         self.slots = itertools.count(1)
         self.started_at = time.time()
         self.ever_served = False  # a decode worker was ready once (no_decode_capacity fires after that)
@@ -148,7 +151,7 @@ class Supervisor:
         self.ops = ControlOps(self)
         self.events = WorkerEvents(self)
 
-    def _bind(self, bind: str, telemetry_bind: str | None, opened: list) -> None:
+    def _bind(self, bind: str, telemetry_bind: str | None, opened: list[zmq.Socket[bytes]]) -> None:
         """Open and bind the control ROUTER, the telemetry XPUB and the worker bus."""
         curve = self.curve
         self.control = harden(self.ctx.socket(zmq.ROUTER), "control")
@@ -166,7 +169,7 @@ class Supervisor:
         self.bus_endpoint = f"ipc://{self.run_dir}/bus"
         self.bus.bind(self.bus_endpoint)
 
-    def _publisher(self) -> zmq.Socket:
+    def _publisher(self) -> zmq.Socket[bytes]:
         pub = harden(self.ctx.socket(zmq.XPUB), "publisher")
         if self.curve is not None:
             self.curve.secure(pub)
@@ -207,7 +210,7 @@ class Supervisor:
                 raise WorkerStartFailed(f"the workers were not ready within {timeout_s:.0f} s ({states})")
             self.poll_once(50)
 
-    def run(self, *, until=None) -> None:
+    def run(self, *, until: Callable[[], bool] | None = None) -> None:
         """Serve until shutdown() is requested (or `until()` returns True)."""
         while not self.stopping and not (until and until()):
             self.poll_once(50)
@@ -235,7 +238,8 @@ class Supervisor:
         except Exception as exc:  # nothing in the periodic path may end the loop
             self.report_bug("periodic", "the supervisor", exc)
 
-    def _drain(self, sock: zmq.Socket, handler) -> None:
+    def _drain(self, sock: zmq.Socket[bytes],
+               handler: Callable[[bytes, Message | None, list[Any]], None]) -> None:
         for frames in drain(sock):
             identity, body = frames[0].bytes, frames[1:]
             try:
@@ -251,7 +255,7 @@ class Supervisor:
             except Exception as exc:  # a bug in one handler must not take the whole engine down
                 self._internal_error(sock, identity, body, exc)
 
-    def _internal_error(self, sock: zmq.Socket, identity: bytes, body, exc: Exception) -> None:
+    def _internal_error(self, sock: zmq.Socket[bytes], identity: bytes, body: list[Any], exc: Exception) -> None:
         """A handler bug: reported (report_bug), the caller answered; the engine keeps serving."""
         where = "control" if sock is self.control else "bus"
         detail = self.report_bug(where, identity[:32].decode(errors="replace"), exc)
@@ -287,7 +291,7 @@ class Supervisor:
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # ---- sending (Outbox) -----------------------------------------------------------
-    def to_client(self, identity: bytes, frames: list) -> None:
+    def to_client(self, identity: bytes, frames: list[Any]) -> None:
         self.outbox.to_client(identity, frames)
 
     def to_worker(self, worker: WorkerHandle, message: WorkerCommand) -> None:
@@ -400,11 +404,11 @@ class Supervisor:
             if worker.state == WorkerState.READY and worker.info.get("pool"):
                 self.asks.page_metadata(worker, None, reason=reason)
 
-    def log_prompt(self, entry: dict) -> None:
+    def log_prompt(self, entry: dict[str, Any]) -> None:
         self.prompt_log.append(entry)
         self.evidence.prompt(entry)
 
-    def load(self) -> dict:
+    def load(self) -> dict[str, Any]:
         running = self.book.running()
         pools = {}
         for w in self.workers.values():
@@ -440,7 +444,7 @@ class Supervisor:
         self.telemetry.publish(Topic.REQUESTS, rec.describe())
 
     def alert(self, kind: str, severity: str, detail: str, *, subject: str = "", condition: bool = False,
-              **fields) -> None:
+              **fields: Any) -> None:
         self.counters[f"alert:{kind}"] += 1
         self.alerts.fire(kind, severity, detail, subject=subject, condition=condition, **fields)
         reader = fields.get("reader")
@@ -450,17 +454,17 @@ class Supervisor:
                 role = "subject" if reader in (None, rid) else "source"
                 self.audit.record(rid, f"alert:{kind}", prevented=fields.get("prevented"), detail=detail, role=role)
 
-    def _alert_changed(self, record: dict) -> None:
+    def _alert_changed(self, record: dict[str, Any]) -> None:
         self.telemetry.publish(Topic.ALERTS, record)
         if not record.get("previous_run"):
             self.forwarder.offer(record)  # memory only: the POST happens in the forwarder's thread
 
-    def _alert_record_changed(self, record: dict) -> None:
+    def _alert_record_changed(self, record: dict[str, Any]) -> None:
         evidence = getattr(self, "evidence", None)  # None only while the supervisor is being built
         if evidence is not None:
             evidence.alert_changed(record)  # every change, unthrottled; queued at the next flush
 
-    def _audit_event(self, subject: str, event: str, when: float, fields: dict) -> None:
+    def _audit_event(self, subject: str, event: str, when: float, fields: dict[str, Any]) -> None:
         evidence = getattr(self, "evidence", None)  # None only while the supervisor is being built
         if evidence is not None:
             evidence.event(subject, event, when, fields)
@@ -482,10 +486,10 @@ class Supervisor:
         self.publish_workers()
 
     # ---- helpers ----------------------------------------------------------------------
-    def _capacity(self, config: EngineConfig):
+    def _capacity(self, config: EngineConfig) -> list[CapacityFinding]:
         return check_capacity(config, model_max_positions=self.model_config.max_position_embeddings)
 
-    def configure_canaries(self, section) -> None:
+    def configure_canaries(self, section: CanariesSection) -> None:
         """Canaries as configured, unless the model cannot encode their text: then they are
         off and status says why (token-id prompts are served all the same)."""
         self.canaries.configure(section)
@@ -497,7 +501,7 @@ class Supervisor:
                 self.canaries.disable(f"the model has no usable tokenizer ({exc}); canaries need one to "
                                       f"write their text")
 
-    def configure_forwarding(self, section) -> None:
+    def configure_forwarding(self, section: AlertsSection) -> None:
         """[alerts]: forward to the webhook (or stop); a new receiver hears every firing alert."""
         self.forwarder.configure(section.webhook_url, resend_s=section.webhook_resend_s,
                                  queue=section.webhook_queue, generator_url=section.generator_url)

@@ -61,8 +61,9 @@ class WorkerEvents:
             raise ProtocolError(f"worker {worker.name} spoke before a valid hello")
         worker.last_seen = time.monotonic()
         if isinstance(msg, (to_supervisor.Pages, to_supervisor.PageMetadata)):
-            return self.handlers[type(msg)](worker, msg, raw)  # their arrays come with them
-        self.handlers[type(msg)](worker, msg)
+            self.handlers[type(msg)](worker, msg, raw)  # their arrays come with them
+        else:
+            self.handlers[type(msg)](worker, msg)
 
     # ---- lifecycle ------------------------------------------------------------------
     def on_hello(self, worker: WorkerHandle, msg: to_supervisor.Hello) -> None:
