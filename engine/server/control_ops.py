@@ -4,6 +4,7 @@ QueryOps (what a viewer reads), WorkerOps (what an admin does to the workers).""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +66,7 @@ def _handlers(parts: tuple[object, ...]) -> dict[str, Callable[[Call], None]]:
     name a client sent."""
     handlers: dict[str, Callable[[Call], None]] = {}
     for op in CLIENT_OPS:
-        owners = [getattr(part, op) for part in parts if callable(getattr(part, op, None))]
+        owners = [getattr(part, op) for part in parts if inspect.ismethod(getattr(part, op, None))]
         if len(owners) != 1:
             raise RuntimeError(f"control op {op!r} has {len(owners)} handlers among "
                                f"{', '.join(type(p).__name__ for p in parts)}; it needs exactly one")

@@ -21,6 +21,7 @@ from engine.server.request_book import RequestBook
 from engine.server.telemetry import TelemetryPublisher
 from engine.server.worker_pool import WorkerPool
 from engine.wire.messages import control, to_worker
+from engine.wire.protocol import ProtocolError
 from engine.wire.states import WorkerState
 
 if TYPE_CHECKING:
@@ -167,6 +168,8 @@ class QueryOps:
 
     def page_metadata(self, call: Call) -> None:
         pool = call.read(control.PageMetadata).pool
+        if pool is None:
+            raise ProtocolError("field 'pool' is required: the name of a pool (status lists them)")
         for worker in self.engine.workers.values():
             if worker.state == WorkerState.READY and worker.info.get("pool", {}).get("name") == pool:
                 self.engine.asks.page_metadata(worker, call.identity, call.msg_id)

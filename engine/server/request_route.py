@@ -36,7 +36,7 @@ from engine.server.worker_handle import WorkerHandle
 from engine.server.worker_pool import WorkerPool
 from engine.wire.messages import to_client, to_worker
 from engine.wire.messages.codec import header_of
-from engine.wire.protocol import CANARY_TENANT, pack
+from engine.wire.protocol import CANARY_TENANT, ProtocolError, pack
 from engine.wire.states import Phase, WorkerState
 
 QUEUED_NEEDS = ("decode", "prefill")  # what a queued request waits for, in the order it needs them
@@ -168,8 +168,9 @@ class RequestRoute:
         if ok:
             self.book.decoding(rec)
             self.publish(rec)
+        elif error is None:  # counted and audited above; the request is not failed without a reason
+            raise ProtocolError(f"transfer_done from {worker.name}: a failed transfer must say why ('error')")
         else:
-            error = error or {}
             self.finish(rec, Phase.FAILED, str(error.get("code", "transfer_mismatch")), error)
 
     # ---- 5. tokens stream back ------------------------------------------------------------

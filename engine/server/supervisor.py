@@ -135,7 +135,8 @@ class Supervisor:
                                   text=self.text, alert=self.alert, publish=self.publish_request)
         self.isolation = IsolationReports(reads=self.reads, canaries=self.canaries, audit=self.audit,
                                           alert=self.alert, slot_owner=self.book.slot_owner, counters=self.counters)
-        self.asks = PendingAsks(self.outbox, request_of=self.book.slot_owner,
+        self.asks = PendingAsks(self.outbox, request_of=lambda slot: self.book.slot_owner(slot)
+                                if isinstance(slot, int) else None,
                                 keyframe=lambda pool, arrays, reason: self.evidence.keyframe(pool, arrays,
                                                                                              reason=reason))
         self.evidence = EvidenceFeed(self, journal_path(config.audit.journal, bind, config.source), run_info={
@@ -306,8 +307,8 @@ class Supervisor:
         self.workers.stop(worker, restart=restart)
 
     def _worker_stopping(self, worker: WorkerHandle) -> None:
+        # its requests fail now; its answers to asks already queued may still come before it exits
         self.route.worker_gone(worker, WorkerStopped, f"worker {worker.name} was stopped")
-        self.asks.worker_gone(worker)
         self.publish_workers()
 
     def _worker_spawned(self, worker: WorkerHandle) -> None:
@@ -340,13 +341,15 @@ class Supervisor:
         state = self.alerts.alerts.get(f"worker_unresponsive:{worker.name}", {}).get("state")
         detail = f"worker {worker.name} (pid {worker.pid}) silent for {seconds:.0f} s"
         if seconds >= UNRESPONSIVE_FIRING_S and state != AlertState.FIRING:
-            self.alert("worker_unresponsive", "warning", detail + f" (killed and restarted past "
-                       f"{HEARTBEAT_TIMEOUT_S:.0f} s)", subject=worker.name, condition=True, worker=worker.name)
+            self.alert("worker_unresponsive", "warning", detail + f" (killed past {HEARTBEAT_TIMEOUT_S:.0f} s of "
+                       f"silence, then restarted as [workers] restart says)", subject=worker.name, condition=True,
+                       worker=worker.name)
         elif seconds < UNRESPONSIVE_FIRING_S and state not in (AlertState.PENDING, AlertState.FIRING):
             self.alerts.pending("worker_unresponsive", "warning", detail, subject=worker.name, worker=worker.name)
 
     def _worker_exited(self, worker: WorkerHandle, crashed: bool) -> None:
         self.asks.worker_gone(worker)
+        self.alerts.resolve("worker_unresponsive", worker.name)  # gone: silent no more, whatever comes next
         if not crashed:
             self.route.worker_gone(worker, WorkerStopped, f"worker {worker.name} was stopped")
             self.audit_worker(worker, "stopped")
@@ -355,7 +358,6 @@ class Supervisor:
             self.route.worker_gone(worker, WorkerCrashed, why)
             self.alert("worker_crashed", "critical", why, subject=worker.name, condition=True,
                        worker=worker.name, log_tail=worker.log_tail(40))
-            self.alerts.resolve("worker_unresponsive", worker.name)
             self.audit_worker(worker, "crashed")
             self.reconfigure.worker_crashed(worker.name)
         self.publish_workers()

@@ -60,7 +60,7 @@ class ControlCall(WireMessage, kw_only=True):
     least_role: ClassVar[str]  # viewer, operator or admin (engine/wire/roles.py)
     answered_by: ClassVar[tuple[str, ...]] = ("supervisor",)  # and "agent": the vLLM agent answers it too
 
-    id: int | str | None = None
+    id: Any = None  # echoed in every answer and stream event as it came, whatever its type
 
 
 class ClientEvent(WireMessage, kw_only=True):
@@ -68,4 +68,4 @@ class ClientEvent(WireMessage, kw_only=True):
 
     direction: ClassVar[str] = "to_client"
 
-    id: int | str | None
+    id: Any  # the call's, as it came

@@ -53,7 +53,7 @@ class PageMetadata(Viewer, kw_only=True, tag="page_metadata"):
     description: ClassVar[str] = "one pool's five page arrays as its worker holds them now"
     answered_by: ClassVar[tuple[str, ...]] = ("supervisor", "agent")
 
-    pool: str
+    pool: str | None = None  # the supervisor needs it; the vLLM agent has one pool and answers with it
 
 
 class Scope(Viewer, kw_only=True, tag="scope"):

@@ -11,6 +11,7 @@ import pytest
 
 from engine.server.worker_handle import WorkerHandle, WorkerState
 from engine.server.worker_pool import WorkerPool
+from engine.wire.messages.base import op_of
 
 
 def _fake_spawn(self, config_dict, bus_endpoint):
@@ -32,7 +33,7 @@ def pool(monkeypatch, tmp_path, policy):
     monkeypatch.setattr(WorkerHandle, "spawn", _fake_spawn)
     seen = {"sent": [], "spawned": [], "exits": [], "silent": [], "stopping": []}
     pool = WorkerPool({"prefill": 1, "decode": 1}, tmp_path, "ipc://unused", config=lambda: {"workers": policy},
-                      send=lambda w, h: seen["sent"].append((w.name, h["op"])),
+                      send=lambda w, command: seen["sent"].append((w.name, op_of(command))),
                       on_spawn=lambda w: seen["spawned"].append(w.name),
                       on_silent=lambda w, s: seen["silent"].append(w.name),
                       on_stop=lambda w: seen["stopping"].append((w.name, list(seen["sent"]))),

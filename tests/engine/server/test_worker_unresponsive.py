@@ -39,3 +39,14 @@ def test_a_silent_worker_goes_pending_then_firing_then_resolves_on_its_heartbeat
     sup.events.on_heartbeat(worker, Heartbeat(free_pages=3, used_pages=1))
     assert sup.alerts.alerts["worker_unresponsive:decode-0"]["state"] == "resolved"
     assert worker.free_pages == 3
+
+
+def test_a_firing_worker_unresponsive_resolves_when_the_worker_is_stopped(supervisor):
+    """A condition alert never resolves on quiet: a stopped (not crashed) worker that was firing
+    would have kept it firing, resent to Alertmanager, for ever."""
+    sup = supervisor
+    worker = sup.workers["prefill-0"]
+    sup._worker_silent(worker, UNRESPONSIVE_FIRING_S + 1)
+    assert sup.alerts.alerts["worker_unresponsive:prefill-0"]["state"] == "firing"
+    sup._worker_exited(worker, crashed=False)
+    assert sup.alerts.alerts["worker_unresponsive:prefill-0"]["state"] == "resolved"
