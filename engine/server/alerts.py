@@ -17,7 +17,7 @@ Each record's `requests` / `pages` lists keep the newest MAX_LISTED; `requests_t
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -52,6 +52,7 @@ class AlertBook:
         self.past_evicted = 0
         self.previous: list[Record] = []  # episodes of earlier engine runs (from the journal), read-only
         self._episodes: dict[str, int] = {}  # alert id -> its newest episode number
+        self.fired: Counter[str] = Counter()  # kind -> episodes that fired (from their first firing), this run
         self._distinct: dict[str, tuple[set[str], set[int]]] = {}  # alert id -> (requests, pages) of the live episode
         self._published: dict[str, float] = {}  # alert id -> when it was last published
         self._held: set[str] = set()  # repeats not yet published (flush() sends them)
@@ -156,6 +157,8 @@ class AlertBook:
         record.update(fields)
         record.update(state=state, severity=severity, detail=detail, last_seen=now)
         record["count"] += state == AlertState.FIRING
+        if state == AlertState.FIRING and record["count"] == 1:
+            self.fired[kind] += 1  # an episode, counted once however many events it gathers
         requests, pages = [str(r) for r in requests], [int(p) for p in pages]
         record["requests"] = _bounded(record["requests"], requests)
         record["pages"] = _bounded(record["pages"], pages)

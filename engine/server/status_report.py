@@ -17,7 +17,7 @@ def status_report(sup: Supervisor, crossings: dict[str, Any], *, brief: bool) ->
     """brief: leave out config and alerts."""
     result: dict[str, Any] = {
         "engine": {
-            "version": __version__, "control": sup.control_endpoint, "telemetry": sup.telemetry_endpoint,
+            "version": __version__, "role": "pagewarden", "control": sup.control_endpoint, "telemetry": sup.telemetry_endpoint,
             "bus": sup.bus_endpoint,
             "curve": sup.curve is not None, "allow_faults": sup.allow_faults,
             "uptime_s": time.time() - sup.started_at, "started": sup.started_at,
@@ -31,6 +31,7 @@ def status_report(sup: Supervisor, crossings: dict[str, Any], *, brief: bool) ->
         "workers": [w.describe() for w in sup.workers.values()],
         "capacity": [f.to_dict() for f in sup.findings],
         "counters": dict(sup.counters),
+        "alert_episodes": dict(sup.alerts.fired),  # kind -> episodes that fired (counters hold the events)
         "load": sup.load(),
         "metrics": {**sup.metrics.snapshot(), **sup.metrics.totals()},
         "cross_reads": {"total": sup.reads.total, "dropped": sup.reads.dropped_reads},

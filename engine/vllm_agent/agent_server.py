@@ -239,7 +239,7 @@ class AgentServer:
                            "used_pages": self.book.used()}}
         result = {
             "engine": {"version": __version__, "name": f"vLLM {self.facts.get('vllm_version', '?')} (PageWarden agent)",
-                       "read_only": True, "agent_paused": self.paused,
+                       "role": "vllm_agent", "read_only": True, "agent_paused": self.paused,
                        "control": self.control_endpoint, "telemetry": self.telemetry_endpoint,
                        "started": self.started, "uptime_s": time.time() - self.started,
                        "hostname": socket.gethostname(), "time": time.time(), "monotonic": time.monotonic(),

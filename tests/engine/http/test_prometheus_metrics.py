@@ -39,16 +39,20 @@ def value(found: dict, name: str, **labels) -> float:
 
 def test_a_status_reply_becomes_every_declared_metric():
     status = {
-        "engine": {"uptime_s": 12.5},
         "load": {"queue_depth": 3, "running": 2,
                  "pools": {"prefill-0": {"role": "prefill", "pages": 80, "used_pages": 20}}},
         "metrics": {"tokens_per_s": 250.0, "tokens_total": 4000,
                     "ttft_seconds": {"buckets": [[0.1, 1], [1.0, 3], ["+Inf", 4]], "sum": 6.5, "count": 4},
                     "tpot_seconds": {"buckets": [[0.01, 2], ["+Inf", 2]], "sum": 0.01, "count": 2}},
-        "workers": [{"role": "decode", "state": "ready"}, {"role": "decode", "state": "crashed"},
-                    {"role": "prefill", "state": "ready"}],
+        "engine": {"uptime_s": 12.5, "version": "0.9", "model": "/m/copy", "role": "pagewarden",
+                   "control": "tcp://127.0.0.1:5650"},
+        "workers": [{"name": "decode-0", "role": "decode", "state": "ready", "restarts": 0},
+                    {"name": "decode-1", "role": "decode", "state": "crashed", "restarts": 3},
+                    {"name": "prefill-0", "role": "prefill", "state": "ready", "restarts": 0}],
+        "config": {"defences": {"manifest_check": False}, "faults": {"skip_scrub": True}},
         "alerts": [{"kind": "ownership_violation", "severity": "critical", "state": "firing"}],
-        "counters": {"alert:ownership_violation": 7},
+        "counters": {"alert:ownership_violation": 1_710},  # events: three waves of many reads each
+        "alert_episodes": {"ownership_violation": 3},
         "cross_reads": {"total": 1234},
         "capacity": [{"limit": "pool:prefill", "exceeds": True}],
         "telemetry": {"refused_subscriptions": 5},
@@ -62,7 +66,19 @@ def test_a_status_reply_becomes_every_declared_metric():
     assert value(found, "pagewarden_time_to_first_token_seconds_count") == 4
     assert value(found, "pagewarden_workers", role="decode", state="crashed") == 1
     assert value(found, "pagewarden_alerts", kind="ownership_violation", state="firing") == 1
-    assert value(found, "pagewarden_alerts_fired_total", kind="ownership_violation") == 7
+    assert value(found, "pagewarden_alerts_fired_total", kind="ownership_violation") == 3  # episodes
+    assert value(found, "pagewarden_alert_events_total", kind="ownership_violation") == 1_710
+    # every state of an enum gauge, 0 where none: a rule on state="ready" reads 0 rather than nothing
+    assert value(found, "pagewarden_workers", role="prefill", state="crashed") == 0
+    assert value(found, "pagewarden_workers", role="prefill", state="starting") == 0
+    assert value(found, "pagewarden_alerts", kind="canary_leak", state="firing") == 0
+    assert value(found, "pagewarden_worker_restarts_total", worker="decode-1", role="decode") == 3
+    assert value(found, "pagewarden_defence_on", defence="manifest_check") == 0
+    assert value(found, "pagewarden_defence_on", defence="writer_tag_check") == 1  # unset: on
+    assert value(found, "pagewarden_fault_on", fault="skip_scrub") == 1
+    assert value(found, "pagewarden_fault_on", fault="placeholder_on_reject") == 0
+    assert value(found, "pagewarden_engine_info", role="pagewarden", model="/m/copy",
+                 control="tcp://127.0.0.1:5650", version="0.9") == 1
     assert value(found, "pagewarden_cross_reads_total") == 1234
     assert value(found, "pagewarden_capacity_exceeds_window", limit="pool:prefill") == 1
 
@@ -109,11 +125,11 @@ def test_the_grafana_dashboard_queries_only_exported_metrics():
     dashboard = json.loads(DASHBOARD.read_text())
     exported = set(metric_names())
     queried = set()
-    for panel in dashboard["panels"]:
+    for panel in _query_panels(dashboard):
         assert panel["targets"], panel["title"]
         for target in panel["targets"]:
             names = set(re.findall(r"\b" + PREFIX + r"[a-z_]+", target["expr"]))
-            assert names, (panel["title"], target["expr"])
+            assert names or re.match(r"count\(up\{", target["expr"]), (panel["title"], target["expr"])
             assert names <= exported, (panel["title"], names - exported)
             queried |= names
     # every metric family is on the dashboard somewhere
@@ -121,17 +137,28 @@ def test_the_grafana_dashboard_queries_only_exported_metrics():
     assert {f for f in families if not any(q.startswith(f) for q in queried)} == set()
 
 
-def test_the_dashboard_names_declared_alert_kinds_and_every_kind_where_data_crossed():
-    # /metrics has no label that marks an isolation kind, so the panel spells them out; this
-    # says what to paste when engine/wire/alert_kinds.py gains or loses one
-    crossed = [k.name for k in ALERT_KINDS if k.isolation and k.detects_cross_reads and not k.prevented_by_firing]
+def test_the_dashboard_selects_where_data_crossed_by_label_and_is_scoped_to_the_chosen_engines():
+    """The "data crossed" panel selects crossed="true", which /metrics derives from each kind's
+    declaration (a kind declared later needs no dashboard edit), and every query of an engine's
+    metric is scoped to the $instance and $job variables (one engine of a fleet, or all)."""
     dashboard = json.loads(DASHBOARD.read_text())
-    for panel in dashboard["panels"]:
+    assert [v["name"] for v in dashboard["templating"]["list"]] == ["datasource", "job", "instance"]
+    for panel in _query_panels(dashboard):
         for target in panel["targets"]:
             for names in re.findall(r'\bkind=~?"([^"]*)"', target["expr"]):
                 unknown = set(names.split("|")) - {k.name for k in ALERT_KINDS}
                 assert not unknown, (panel["title"], f"undeclared alert kinds {sorted(unknown)}")
+            for selector in re.findall(PREFIX + r'[a-z_]+(\{[^}]*\})?', target["expr"]):
+                assert 'instance=~"$instance"' in selector and 'job=~"$job"' in selector, (panel["title"], selector)
     (panel,) = [p for p in dashboard["panels"] if p["title"].startswith("Data crossed")]
     (expr,) = [t["expr"] for t in panel["targets"]]
-    (named,) = re.findall(r'\bkind=~"([^"]*)"', expr)
-    assert named.split("|") == crossed, f'{panel["title"]}: set its query to kind=~"{"|".join(crossed)}"'
+    assert 'pagewarden_alerts_fired_total{crossed="true"' in expr
+    status = {"alert_episodes": {k.name: 1 for k in ALERT_KINDS}}
+    found = samples(exposition(status).decode())
+    marked = {labels["kind"] for labels, _ in found["pagewarden_alerts_fired_total"] if labels["crossed"] == "true"}
+    assert marked == {k.name for k in ALERT_KINDS if k.isolation and k.detects_cross_reads
+                      and not k.prevented_by_firing} and "canary_leak" in marked and "ownership_violation" in marked
+
+
+def _query_panels(dashboard: dict) -> list[dict]:
+    return [p for p in dashboard["panels"] if p["type"] != "row"]

@@ -86,3 +86,20 @@ def test_an_alert_firing_again_and_again_is_published_at_most_once_a_second():
     assert len(published) == 2 and published[-1]["count"] == 500  # the held repeats, at once
     book.flush(published[0]["last_seen"] + 10 * REPUBLISH_S)
     assert len(published) == 2  # nothing more was held
+
+
+def test_episodes_that_fired_are_counted_once_each_however_many_events():
+    """Three incident waves of 570 events each read 1,710 on the old counter; an episode is one.
+    A pending alert counts when it first fires, and not before."""
+    book, _ = _book()
+    for wave in range(3):
+        for event in range(570):
+            book.fire("ownership_violation", "critical", f"wave {wave} read {event}", subject="decode-0")
+        book.expire(book.alerts["ownership_violation:decode-0"]["last_seen"] + QUIET_RESOLVE_S + 1)
+        assert book.alerts["ownership_violation:decode-0"]["state"] == "resolved"
+    assert book.fired["ownership_violation"] == 3
+    book.pending("worker_unresponsive", "warning", "silent 10 s", subject="decode-0")
+    assert book.fired["worker_unresponsive"] == 0
+    book.fire("worker_unresponsive", "warning", "silent 20 s", subject="decode-0", condition=True)
+    book.fire("worker_unresponsive", "warning", "silent 25 s", subject="decode-0", condition=True)
+    assert book.fired["worker_unresponsive"] == 1
