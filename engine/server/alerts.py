@@ -53,6 +53,7 @@ class AlertBook:
         self.previous: list[Record] = []  # episodes of earlier engine runs (from the journal), read-only
         self._episodes: dict[str, int] = {}  # alert id -> its newest episode number
         self.fired: Counter[str] = Counter()  # kind -> episodes that fired (from their first firing), this run
+        self.events: Counter[str] = Counter()  # kind -> events raised firing (every fire), this run
         self._distinct: dict[str, tuple[set[str], set[int]]] = {}  # alert id -> (requests, pages) of the live episode
         self._published: dict[str, float] = {}  # alert id -> when it was last published
         self._held: set[str] = set()  # repeats not yet published (flush() sends them)
@@ -157,6 +158,7 @@ class AlertBook:
         record.update(fields)
         record.update(state=state, severity=severity, detail=detail, last_seen=now)
         record["count"] += state == AlertState.FIRING
+        self.events[kind] += state == AlertState.FIRING
         if state == AlertState.FIRING and record["count"] == 1:
             self.fired[kind] += 1  # an episode, counted once however many events it gathers
         requests, pages = [str(r) for r in requests], [int(p) for p in pages]

@@ -27,9 +27,11 @@ import numpy as np
 import zmq
 
 from engine import __version__
+from engine.http.prometheus_text import exposition
 from engine.server.alerts import AlertBook
 from engine.server.telemetry import TelemetryPublisher
 from engine.vllm_agent.checks import check_snapshot
+from engine.vllm_agent.metrics_port import MetricsPort
 from engine.vllm_agent.page_book import POOL, PageBook
 from engine.vllm_agent.snapshot import PoolSnapshot
 from engine.wire.messages import control
@@ -50,7 +52,8 @@ ANSWERED_OPS = tuple(op for op, cls in CONTROL.ops.items() if "agent" in cls.ans
 
 class AgentServer:
     def __init__(self, control: str, telemetry: str, *, num_blocks: int, block_size: int, facts: dict,
-                 capacity: dict):
+                 capacity: dict, metrics: str | None = None):
+        """metrics: "HOST:PORT" of a /metrics of its own (engine/vllm_agent/metrics_port.py), or None."""
         self.ctx = zmq.Context()
         self.control = harden(self.ctx.socket(zmq.ROUTER), "control")
         self.pub = harden(self.ctx.socket(zmq.XPUB), "publisher")
@@ -80,6 +83,7 @@ class AgentServer:
         if capacity.get("exceeds"):
             self.alerts.fire("capacity_exceeds_window", "critical", capacity["message"], subject="pool:vllm",
                              condition=True, pool=POOL)
+        self.metrics_port = MetricsPort(metrics) if metrics else None
         self._thread = threading.Thread(target=self._run, name="pagewarden-agent", daemon=True)
         self._thread.start()
 
@@ -100,6 +104,8 @@ class AgentServer:
     def close(self) -> None:
         self._running = False
         self._thread.join(timeout=5)
+        if self.metrics_port is not None:
+            self.metrics_port.close()
         self.control.close(linger=0)
         self.pub.close(linger=0)
         self.ctx.term()
@@ -189,13 +195,18 @@ class AgentServer:
         if now - self._last_metrics < METRICS_PERIOD_S:
             return
         self._last_metrics = now
+        self.telemetry.publish(Topic.METRICS, self._load(now))
+        if self.metrics_port is not None:
+            self.metrics_port.update(exposition(self.status()))
+
+    def _load(self, now: float) -> dict:
+        """Output tokens per second (over the last second), running and waiting requests, pool usage."""
         while self._tokens and now - self._tokens[0][0] > 1.0:
             self._tokens.popleft()
         snap = self._latest
-        self.telemetry.publish(Topic.METRICS, {
-            "tokens_per_s": float(sum(n for _, n in self._tokens)),
-            "running": len(snap.requests) if snap else 0, "queue_depth": snap.waiting if snap else 0,
-            "pools": {POOL: {"pages": self.book.num_blocks, "used_pages": self.book.used()}}})
+        return {"tokens_per_s": float(sum(n for _, n in self._tokens)),
+                "running": len(snap.requests) if snap else 0, "queue_depth": snap.waiting if snap else 0,
+                "pools": {POOL: {"role": "vllm", "pages": self.book.num_blocks, "used_pages": self.book.used()}}}
 
     def _answer(self, frames: list) -> None:
         identity, body = frames[0], frames[1:]
@@ -246,7 +257,10 @@ class AgentServer:
                        **{k: v for k, v in self.facts.items() if k != "vllm_version"}},
             "workers": [worker],
             "capacity": [self.capacity],
-            "counters": dict(self.counters),
+            "counters": {**self.counters, **{f"alert:{kind}": n for kind, n in self.alerts.events.items()}},
+            "alert_episodes": dict(self.alerts.fired),
+            "load": self._load(time.monotonic()),
+            "metrics": {"tokens_per_s": self._load(time.monotonic())["tokens_per_s"]},
             "cost": dict(self.cost),
             "telemetry_seq": dict(self.telemetry.seq),
             "telemetry": self.telemetry.describe(),

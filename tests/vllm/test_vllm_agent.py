@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 
 from engine.client.engine_client import EngineClient, RemoteError
+from engine.client.local_server import write_config
 from engine.client.subscriber import TelemetrySubscriber
+from engine.config import EngineConfig
 from engine.wire.page_tags import PageState
-from tests.vllm.vllm_server import VllmServer
+from tests.prometheus_stack import Stack, needs_stack
+from tests.vllm.vllm_server import VllmServer, free_port
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.vllm
@@ -67,8 +70,33 @@ class PageWatch:
 
 @pytest.fixture(scope="module")
 def vllm_with_agent():
-    with VllmServer(agent={}, num_blocks=128, max_model_len=512) as server:
+    with VllmServer(agent={"metrics": f"127.0.0.1:{free_port()}"}, num_blocks=128, max_model_len=512) as server:
         yield server
+
+
+@needs_stack
+def test_a_real_prometheus_scrapes_the_agent_beside_a_pagewarden_engine(vllm_with_agent, tmp_path):
+    """The fleet of the monitoring test, with vLLM: the agent's /metrics (a port of its own:
+    vLLM's /metrics lives in its API server process) carries the same families, scraped by a
+    real Prometheus beside a real PageWarden engine; the shipped rules raise nothing on either."""
+    stack = Stack(tmp_path)
+    try:
+        stack.engine("pagewarden", write_config(tmp_path / "engine.toml",
+                                                EngineConfig().replace(canaries={"enabled": False})))
+        stack.targets["vllm"] = "http://" + vllm_with_agent.agent_metrics
+        stack.start_prometheus()
+        both = {stack.instance("pagewarden"), stack.instance("vllm")}
+        wait_for(lambda: set(stack.query("pagewarden_up == 1")) == both, 120, "Prometheus to scrape both")
+        roles = stack.query('count by (instance, role) (pagewarden_engine_info)')
+        assert roles.keys() == both
+        info = stack.query('pagewarden_engine_info{role="vllm_agent"}')
+        assert info.keys() == {stack.instance("vllm")}
+        assert stack.query('pagewarden_workers{role="vllm", state="ready"}') == {stack.instance("vllm"): 1.0}
+        assert stack.query('pagewarden_pool_pages{pool="vllm"}') == {stack.instance("vllm"): 128.0}
+        firing = [a for a in stack.alertmanager_alerts() if a["labels"].get("category") == "isolation"]
+        assert not firing, firing
+    finally:
+        stack.stop()
 
 
 def test_agent_answers_as_a_read_only_pagewarden_engine(vllm_with_agent):

@@ -51,6 +51,7 @@ class VllmServer:
         self.kv_pub = f"ipc://{self.dir}/kv-events" if kv_events else None
         self.kv_replay = f"ipc://{self.dir}/kv-replay" if kv_events else None
         self.agent_control = None
+        self.agent_metrics = (agent or {}).get("metrics")  # HOST:PORT of the agent's /metrics, if asked
         args = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                 "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
                 "--block-size", str(block_size), "--num-gpu-blocks-override", str(num_blocks),

@@ -8,123 +8,22 @@ raises nothing, and a killed engine reads as down. The vLLM tier adds a vLLM wit
 
 from __future__ import annotations
 
-import json
 import random
-import shutil
-import socket
-import subprocess
-import urllib.parse
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-from engine.client.local_server import LocalServer, write_config
-from engine.config import REPO_ROOT, EngineConfig
+from engine.client.local_server import write_config
+from engine.config import EngineConfig
 from engine.guard.reproduce import run_workload
 from engine.guard.scenarios import SCENARIOS, config_sections
 from engine.server.alert_forward import instance_label
+from tests.prometheus_stack import Stack, get_json, needs_stack
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e  # real engines, a real Prometheus and Alertmanager
 
-PROMETHEUS, ALERTMANAGER = shutil.which("prometheus"), shutil.which("prometheus-alertmanager")
-needs_stack = pytest.mark.skipif(PROMETHEUS is None or ALERTMANAGER is None,
-                                 reason="apt install prometheus prometheus-alertmanager (.ci/run does)")
-RULES = REPO_ROOT / "resources" / "prometheus" / "pagewarden-rules.yml"
-SCRAPE_S = 1  # scrape and rule evaluation interval, so that the test is short
 INCIDENT = SCENARIOS["incident-placeholder"]
 LEAKING = {"defences": {"manifest_check": False, "writer_tag_check": False}}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str) -> object:
-    with urllib.request.urlopen(url, timeout=30) as response:
-        return json.loads(response.read())
-
-
-class _Daemon:
-    """A Prometheus or Alertmanager process with its own data directory, logging to a file."""
-
-    def __init__(self, binary: str, args: list[str], log: Path, ready_url: str):
-        self.log = log
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen([binary, *args], stdout=out, stderr=subprocess.STDOUT)
-        wait_for(lambda: self._ready(ready_url), 60, f"{Path(binary).name} to answer ({log})")
-
-    def _ready(self, url: str) -> bool:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-
-
-class Stack:
-    """Alertmanager, then the engines (forwarding to it), then Prometheus scraping them."""
-
-    def __init__(self, tmp: Path):
-        self.tmp, self.daemons, self.engines = tmp, [], {}
-        am_port = _free_port()
-        self.alertmanager = f"http://127.0.0.1:{am_port}"
-        (tmp / "alertmanager.yml").write_text(
-            "route:\n  receiver: keep\n  group_by: [alertname, instance]\n  group_wait: 1s\n"
-            "  group_interval: 1s\n  repeat_interval: 1h\nreceivers:\n  - name: keep\n")
-        self.daemons.append(_Daemon(ALERTMANAGER, [  # type: ignore[arg-type]  # needs_stack: found
-            f"--config.file={tmp / 'alertmanager.yml'}", f"--storage.path={tmp / 'am-data'}",
-            f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
-            tmp / "alertmanager.log", self.alertmanager + "/-/ready"))
-
-    def engine(self, name: str, config: Path, *extra: str) -> LocalServer:
-        server = LocalServer(config, *extra, "--metrics-port", "0", "--alert-webhook", self.alertmanager)
-        self.engines[name] = server
-        return server
-
-    def instance(self, name: str) -> str:
-        return urllib.parse.urlparse(self.engines[name].ready["metrics"]).netloc
-
-    def start_prometheus(self) -> None:
-        port = _free_port()
-        self.prometheus = f"http://127.0.0.1:{port}"
-        shutil.copy(RULES, self.tmp / RULES.name)
-        targets = json.dumps([self.instance(name) for name in self.engines])
-        (self.tmp / "prometheus.yml").write_text(
-            f"global:\n  scrape_interval: {SCRAPE_S}s\n  evaluation_interval: {SCRAPE_S}s\n"
-            f"rule_files: [{RULES.name}]\n"
-            f"alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['{self.alertmanager[7:]}']\n"
-            f"scrape_configs:\n  - job_name: pagewarden\n    static_configs:\n      - targets: {targets}\n")
-        self.daemons.append(_Daemon(PROMETHEUS, [  # type: ignore[arg-type]  # needs_stack: found
-            f"--config.file={self.tmp / 'prometheus.yml'}", f"--storage.tsdb.path={self.tmp / 'prom-data'}",
-            f"--web.listen-address=127.0.0.1:{port}"], self.tmp / "prometheus.log", self.prometheus + "/-/ready"))
-
-    def query(self, promql: str) -> dict[str, float]:
-        """instance -> value of an instant query."""
-        answer = _get(self.prometheus + "/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
-        return {r["metric"].get("instance", ""): float(r["value"][1]) for r in answer["data"]["result"]}  # type: ignore[index]
-
-    def alertmanager_alerts(self) -> list[dict]:
-        return _get(self.alertmanager + "/api/v2/alerts")  # type: ignore[return-value]
-
-    def stop(self) -> None:
-        for server in self.engines.values():
-            server.stop()
-        for daemon in reversed(self.daemons):
-            daemon.stop()
 
 
 @needs_stack
@@ -145,7 +44,7 @@ def test_prometheus_and_alertmanager_see_the_faulty_engine_and_only_it(tmp_path)
         both = {stack.instance("healthy"), stack.instance("faulty")}
         wait_for(lambda: set(stack.query("pagewarden_up == 1")) == both, 60, "Prometheus to scrape both engines")
         # the faulty engine says what it is, and that its defences are off
-        info = _get(stack.prometheus + "/api/v1/query?query=pagewarden_engine_info")["data"]["result"]  # type: ignore[index]
+        info = get_json(stack.prometheus + "/api/v1/query?query=pagewarden_engine_info")["data"]["result"]  # type: ignore[index]
         assert {r["metric"]["instance"] for r in info} == both
         assert all(r["metric"]["role"] == "pagewarden" and r["metric"]["control"] for r in info)
         off = stack.query('count by (instance) (pagewarden_defence_on == 0)')
