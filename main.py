@@ -20,6 +20,11 @@ def add_gui_args(parser) -> None:
                         help="with --attach-kv-events: each ADDR's replay endpoint, same order ('-' for none)")
     parser.add_argument("--dialect", choices=["auto", "vllm", "sglang"],
                         help="with --attach-kv-events: the wire dialect (default auto: every known variant)")
+    parser.add_argument("--fleet", metavar="URL",
+                        help="open the Fleet view of the engines a Prometheus scrapes (http://prometheus:9090); "
+                        "without --attach no engine is hosted")
+    parser.add_argument("--fleet-refresh", type=float, metavar="SECONDS",
+                        help="with --fleet: refresh every SECONDS (default: Prometheus's scrape interval)")
     parser.add_argument("--server-key", help="the engine's public key file (CURVE)")
     parser.add_argument("--client-keys", help="this client's key file or directory (CURVE)")
     parser.add_argument("--readonly", action="store_true", help="show only: every control action disabled")

@@ -133,10 +133,10 @@ def fleet_refresh(base: str) -> tuple[float, int, str, str]:
     try:
         from engine.adapters.prometheus_fleet import FleetQuery  # the view's own client, when it exists
     except ImportError:
-        FleetQuery = None  # noqa: N806
+        FleetQuery = None  # type: ignore[assignment,misc]  # noqa: N806
     if FleetQuery is not None:
         start = time.perf_counter()
-        snapshot = FleetQuery(base, job_regex="fleet").run()
+        snapshot = FleetQuery(base, job_regex="fleet", timeout_s=60).snapshot()
         rows = len(getattr(snapshot, "rows", []) or [])
         return time.perf_counter() - start, rows, "", "engine/adapters/prometheus_fleet.py"
     start, slowest, rows = time.perf_counter(), ("", 0.0), 0
@@ -152,6 +152,7 @@ def main() -> None:
     p.add_argument("--engines", type=int, default=500)
     p.add_argument("--scrape-s", type=int, default=5)
     p.add_argument("--refreshes", type=int, default=10)
+    p.add_argument("--gui", action="store_true", help="also time the Fleet view (offscreen) taking each refresh")
     args = p.parse_args()
     binary = shutil.which("prometheus")
     if binary is None:
@@ -196,9 +197,45 @@ def main() -> None:
                 time.sleep(1)
             print(f"Fleet refresh ({how}): median {statistics.median(took) * 1000:.0f} ms, "
                   f"max {max(took) * 1000:.0f} ms over {len(took)} refreshes")
+            if args.gui:
+                gui_frames(base, args.refreshes)
         finally:
             prom.terminate()
             prom.wait(30)
+
+
+def gui_frames(base: str, refreshes: int) -> None:
+    """The Fleet view, offscreen, taking each refresh on the GUI thread: the time to apply a
+    snapshot to its table (GUI thread work per refresh) and to paint one frame of it (grab)."""
+    import os
+
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtWidgets import QApplication
+
+    from engine.adapters.prometheus_fleet import FleetQuery
+    from gui.fleet_view import FleetView
+
+    app = QApplication.instance() or QApplication([])
+    view = FleetView(base, job_regex="fleet", refresh_s=3600.0, timeout_s=60.0)
+    view.resize(1600, 900)
+    view.show()
+    applied, painted = [], []
+    for _ in range(refreshes):
+        snapshot = FleetQuery(base, job_regex="fleet", timeout_s=60).snapshot()  # off the GUI thread in the app
+        start = time.perf_counter()
+        view._on_snapshot(snapshot)
+        app.processEvents()
+        applied.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        view.grab()
+        painted.append(time.perf_counter() - start)
+        time.sleep(0.5)
+    rows = view.table_model.rowCount()
+    print(f"Fleet view, {rows} rows: applying a refresh median {statistics.median(applied) * 1000:.1f} ms "
+          f"(max {max(applied) * 1000:.1f}); one frame painted median {statistics.median(painted) * 1000:.1f} ms "
+          f"(max {max(painted) * 1000:.1f})")
+    view.stop()
+    view.close()
 
 
 def _values(base: str, promql: str) -> list[str]:

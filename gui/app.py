@@ -61,10 +61,15 @@ class App:
         if kv_attach is not None:
             self.window.attach_kv_events(kv_attach)
             return
+        fleet = getattr(args, "fleet", None)
+        if getattr(args, "fleet_refresh", None) is not None and not fleet:
+            raise ValueError("--fleet-refresh goes with --fleet URL")
         if args.attach:
             self.attach(args.attach, *load_keys(args.server_key, args.client_keys))
-        else:
+        elif not fleet:  # the Fleet view alone: the operator attaches from it
             self.host(args.config)
+        if fleet:
+            QTimer.singleShot(0, lambda: self.window.fleet.open(fleet, refresh_s=args.fleet_refresh))
         if args.demo_load:
             QTimer.singleShot(0, lambda: self.window.toggle_demo(True))
 

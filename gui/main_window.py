@@ -33,6 +33,7 @@ from gui.demo_load import DemoLoad
 from gui.dialogs.about_dialog import AboutDialog
 from gui.dialogs.attach_dialog import AttachDialog
 from gui.dialogs.reconfigure_dialog import ReconfigureDialog
+from gui.fleet_view import FleetNavigator
 from gui.kv_event_view import KvEventMixin
 from gui.model.engine_state import EngineState
 from gui.model.snapshot_state import scope_pairs
@@ -71,7 +72,7 @@ SHORTCUTS = {
     "Reconfigure": "Ctrl+R", "Refresh page maps (keyframe)": "F5", "Colour by request / tenant / state": "1 / 2 / 3",
     "Start / stop / restart the selected worker": "Ctrl+Shift+S / Ctrl+Shift+X / Ctrl+Shift+R",
     "Acknowledge selected alerts": "Ctrl+K", "Fire a canary request": "Ctrl+Shift+C",
-    "Open snapshot": "Ctrl+Shift+O", "Quit": "Ctrl+Q",
+    "Open snapshot": "Ctrl+Shift+O", "Back to the Fleet view": "Alt+Left", "Quit": "Ctrl+Q",
 }
 
 
@@ -234,6 +235,11 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self.attach_action = self._action(file, "&Attach to engine…", self.open_attach, "Ctrl+O")
         self.recent_menu = file.addMenu("Recent engines")
         self.kv_attach_action = self._action(file, "Attach to &vLLM / SGLang events…", self.open_kv_attach)
+        # the Fleet view: a navigation aid; the engine attached from it is the source
+        self.fleet = FleetNavigator(self)
+        self.fleet_action = self._action(file, "&Fleet…", self.fleet.open_dialog)
+        self.back_action = self._action(file, "&Back to the Fleet", self.fleet.back, "Alt+Left")
+        self.back_action.setToolTip("Back to the Fleet view (Alt+Left)")
         self.export_action = self._action(file, "&Export Incident Snapshot…", lambda: self.export_snapshot(),
                                           "Ctrl+E")
         self.open_snapshot_action = self._action(file, "&Open Snapshot…", lambda: self.open_snapshot(),
@@ -277,7 +283,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self._action(help_menu, "&About PageWarden", self.show_about, "F1")
         toolbar = QToolBar("Main")
         toolbar.setObjectName("main-toolbar")
-        for action in (self.attach_action, self.demo_action, self.reconfigure_action):
+        for action in (self.back_action, self.attach_action, self.demo_action, self.reconfigure_action):
             toolbar.addAction(action)
         toolbar.addSeparator()
         self.find_box = QLineEdit()
@@ -397,6 +403,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
             if action.property("control"):
                 action.setEnabled(controls)
         self.export_action.setEnabled(source.export_enabled(exporting=self.export_job is not None))
+        self.back_action.setEnabled(self.fleet.view is not None)
 
     # ---- commands -----------------------------------------------------------------------
     def request(self, op: str, on_answer=None, **fields) -> int | None:
@@ -561,6 +568,7 @@ class MainWindow(ProbeMixin, KvEventMixin, SnapshotMixin, QMainWindow):
         self._timer.stop()
         self._demo_timer.stop()
         self.close_probe()
+        self.fleet.close()
         self.source.close()
         super().closeEvent(event)
 

@@ -23,16 +23,19 @@ answer is bounded (MAX_ANSWER_BYTES) and so are the rows (MAX_ROWS, the rest cou
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
 MAX_ROWS = 5_000
 HISTORY_S, HISTORY_STEP_S = 600, 15  # the sparkline: 10 minutes, a point every 15 s
+HISTORY_POINTS = HISTORY_S // HISTORY_STEP_S + 1
 DEFAULT_SCRAPE_S = 15.0
 KINDS = {"pagewarden": "PageWarden engine", "vllm_agent": "vLLM agent"}
 
@@ -59,7 +62,8 @@ class EngineRow:
     uptime_s: float | None = None
     defences_off: int = 0
     faults_on: int = 0
-    usage_history: tuple[float, ...] = ()  # fullest pool's usage, oldest first, over HISTORY_S
+    # the fullest pool's usage over HISTORY_S, oldest first, one per step (None: not scraped then)
+    usage_history: tuple[float | None, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -175,12 +179,22 @@ class FleetQuery:
         data = self._get("/api/v1/query", {"query": promql}, deadline)
         return [(labels, _number(value[1])) for labels, value in _series(data, "vector", "value")]
 
-    def _matrix(self, promql: str, deadline: float) -> list[tuple[dict[str, str], list[float]]]:
+    def _matrix(self, promql: str, deadline: float) -> list[tuple[dict[str, str], tuple[float | None, ...]]]:
+        """Each series on the fixed grid of HISTORY_POINTS steps ending now (None: no sample there)."""
         self.sent.append(promql)
         end = time.time()
-        data = self._get("/api/v1/query_range", {"query": promql, "start": f"{end - HISTORY_S:.3f}",
+        start = end - HISTORY_S
+        data = self._get("/api/v1/query_range", {"query": promql, "start": f"{start:.3f}",
                                                  "end": f"{end:.3f}", "step": str(HISTORY_STEP_S)}, deadline)
-        return [(labels, [_number(v[1]) for v in values]) for labels, values in _series(data, "matrix", "values")]
+        out = []
+        for labels, values in _series(data, "matrix", "values"):
+            grid: list[float | None] = [None] * HISTORY_POINTS
+            for t, v in values:
+                i, value = round((_number(t) - start) / HISTORY_STEP_S), _number(v)
+                if 0 <= i < HISTORY_POINTS and not math.isnan(value):
+                    grid[i] = value
+            out.append((labels, tuple(grid)))
+        return out
 
     # ---- the refresh ---------------------------------------------------------------------
     def scrape_interval(self, deadline: float) -> float | None:
@@ -201,7 +215,7 @@ class FleetQuery:
             interval = self.scrape_interval(deadline)
         except FleetError as exc:
             return FleetSnapshot(self.base, taken=time.time(), took_s=time.monotonic() - start, error=str(exc))
-        except Exception as exc:  # an answer of a shape no check foresaw: a value all the same
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:  # a shape no check foresaw
             return FleetSnapshot(self.base, taken=time.time(), took_s=time.monotonic() - start,
                                  error=f"unexpected answer from {self.base}: {type(exc).__name__}: {exc}")
         return FleetSnapshot(self.base, tuple(rows), time.time(), time.monotonic() - start, None, left_out, interval)
@@ -232,7 +246,7 @@ class FleetQuery:
             r = row(labels)
             if r is not None:
                 r["pools"][labels.get("pool", "?")] = value
-        scalars = {"capacity": ("capacity_exceeds", lambda v: v >= 1), "critical": ("critical_firing", int),
+        scalars: dict[str, tuple[str, Callable[[float], object]]] = {"capacity": ("capacity_exceeds", lambda v: v >= 1), "critical": ("critical_firing", int),
                    "cross_reads": ("cross_reads_5m", float), "crossed": ("crossed_events_5m", float),
                    "restarts_15m": ("restarts_15m", float), "restarts": ("restarts_total", float),
                    "uptime": ("uptime_s", float), "defences_off": ("defences_off", int),
@@ -240,12 +254,12 @@ class FleetQuery:
         for name, (key, convert) in scalars.items():
             for labels, value in results[name]:
                 r = row(labels)
-                if r is not None and value == value:  # NaN: no value
+                if r is not None and not math.isnan(value):  # NaN: no value
                     r[key] = convert(value)
         for labels, values in self._matrix(history_query(self.job_regex), deadline):
             r = row(labels)
             if r is not None:
-                r["usage_history"] = tuple(v for v in values if v == v)
+                r["usage_history"] = values
         if self.job_regex == ".*":  # every job: only targets that ever said they are an engine
             fields = {name: f for name, f in fields.items() if "role" in f}
         names = sorted(fields)

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from engine.adapters.prometheus_fleet import FleetQuery, parse_duration, scrape_interval_of
+from engine.adapters.prometheus_fleet import HISTORY_POINTS, FleetQuery, parse_duration, scrape_interval_of
 from engine.http.prometheus_text import metric_names
 
 CONFIG_YAML = "global:\n  scrape_interval: 5s\n  evaluation_interval: 5s\nscrape_configs:\n  - job_name: pagewarden\n"
@@ -74,8 +74,10 @@ class FakePrometheus:
                     body = json.dumps({"status": "success", "data": {"yaml": CONFIG_YAML}}).encode()
                 elif url.path == "/api/v1/query_range":
                     fake.queries.append(params["query"][0])
+                    start, step = float(params["start"][0]), float(params["step"][0])
+                    values = [[start + step * k, v] for k, v in ((38, "0.5"), (39, "0.7"), (40, "0.9"), (90, "1"))]
                     body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
-                        {"metric": {"instance": "b:9100"}, "values": [[1, "0.5"], [2, "0.7"], [3, "0.9"]]}]}}).encode()
+                        {"metric": {"instance": "b:9100"}, "values": values}]}}).encode()
                 else:
                     fake.queries.append(params["query"][0])
                     body = json.dumps({"status": "success", "data": fake.answer(params["query"][0])}).encode()
@@ -123,7 +125,8 @@ def test_rows_join_every_query_by_instance(fake):
     assert a.up and a.kind == "PageWarden engine" and a.pools == {"decode": 0.25, "prefill": 0.5}
     assert a.uptime_s == 3600 and a.crossed_events_5m == 0 and a.control == "tcp://10.0.0.1:5650"
     assert b.crossed_events_5m == 3 and b.cross_reads_5m == 12 and b.critical_firing == 1 and b.defences_off == 2
-    assert b.usage_history == (0.5, 0.7, 0.9)
+    assert len(b.usage_history) == HISTORY_POINTS and b.usage_history[-3:] == (0.5, 0.7, 0.9)
+    assert set(b.usage_history[:-3]) == {None}  # not scraped then; a point past the window is dropped
     assert c.up is False and c.kind == "vLLM agent" and c.control == "tcp://10.0.0.3:5650"  # its last labels
     assert snap.scrape_interval_s == 5.0 and snap.took_s >= 0
 
@@ -195,3 +198,50 @@ def test_durations_and_the_scrape_interval():
     assert parse_duration("soon") is None
     assert scrape_interval_of(CONFIG_YAML) == 5.0
     assert scrape_interval_of("scrape_configs:\n  - job_name: x\n    scrape_interval: 3s\n") is None
+
+
+# ---- against the real thing: Debian's Prometheus scraping two real engines ------------------
+
+@pytest.mark.e2e
+def test_a_real_prometheus_lists_two_real_engines_and_a_killed_one_as_down(tmp_path):
+    from engine.client.local_server import write_config
+    from engine.config import EngineConfig
+    from tests.prometheus_stack import ALERTMANAGER, PROMETHEUS, Stack
+    from tests.waiting import wait_for
+
+    if PROMETHEUS is None or ALERTMANAGER is None:
+        pytest.skip("apt install prometheus prometheus-alertmanager (.ci/run does)")
+    stack = Stack(tmp_path)
+    try:
+        config = EngineConfig().replace(canaries={"enabled": False})
+        healthy = stack.engine("healthy", write_config(tmp_path / "healthy.toml", config))
+        faulty = stack.engine("faulty", write_config(tmp_path / "faulty.toml", config,
+                                                      defences={"writer_tag_check": False}), "--allow-faults")
+        clients = {name: server.client(timeout_s=300) for name, server in stack.engines.items()}
+        for name, server in stack.engines.items():
+            server.wait_workers(clients[name])
+        stack.start_prometheus()
+        query = FleetQuery(stack.prometheus, "pagewarden", timeout_s=30)
+
+        def rows() -> dict:
+            snap = query.snapshot()
+            assert snap.ok, snap.error
+            return {r.instance: r for r in snap.rows}
+
+        both = {stack.instance("healthy"), stack.instance("faulty")}
+        wait_for(lambda: {i for i, r in rows().items() if r.up and r.role} == both, 60, "both engines in the fleet")
+        now = rows()
+        assert now[stack.instance("healthy")].control == healthy.control
+        assert now[stack.instance("faulty")].control == faulty.control
+        assert now[stack.instance("faulty")].defences_off >= 1 and now[stack.instance("healthy")].defences_off == 0
+        assert all(r.kind == "PageWarden engine" and r.pools and r.uptime_s for r in now.values())
+        assert set(re.findall(r"pagewarden_\w+", " ".join(query.sent))) <= set(metric_names())
+
+        clients["faulty"].close()
+        faulty.kill()
+        wait_for(lambda: rows()[stack.instance("faulty")].up is False, 30, "the killed engine to read as down")
+        down = rows()[stack.instance("faulty")]
+        assert down.control == faulty.control  # its last labels: the app can still name it
+        clients["healthy"].close()
+    finally:
+        stack.stop()
