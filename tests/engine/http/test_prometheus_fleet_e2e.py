@@ -12,11 +12,13 @@ import random
 
 import pytest
 
+from engine.adapters.prometheus_fleet import FleetQuery
 from engine.client.local_server import write_config
 from engine.config import EngineConfig
 from engine.guard.reproduce import run_workload
 from engine.guard.scenarios import SCENARIOS, config_sections
 from engine.server.alert_forward import instance_label
+from gui.model.fleet import fleet_rows
 from tests.prometheus_stack import Stack, get_json, needs_stack
 from tests.waiting import wait_for
 
@@ -59,6 +61,13 @@ def test_prometheus_and_alertmanager_see_the_faulty_engine_and_only_it(tmp_path)
         wait_for(lambda: stack.query(crossed).get(stack.instance("faulty"), 0) > 0, 60,
                  "the faulty engine's crossed events in Prometheus")
         assert stack.query(crossed).get(stack.instance("healthy")) == 0  # scraped, and nothing crossed
+        # the Fleet view's own queries and order: the faulty engine first, its control endpoint
+        # the one to attach to; the healthy one says so
+        rows = wait_for(lambda: (r := fleet_rows(FleetQuery(stack.prometheus, "pagewarden").snapshot()))
+                        and r[0].engine.instance == stack.instance("faulty") and len(r) == 2 and r, 60,
+                        "the faulty engine at the top of the Fleet view")
+        assert rows[0].engine.control == faulty.control and "data crossed" in rows[0].finding
+        assert rows[1].engine.instance == stack.instance("healthy") and rows[1].finding == "healthy"
 
         def rule_alert() -> dict | None:
             return next((a for a in stack.alertmanager_alerts() if a["labels"].get("alertname") == "PageWardenDataCrossed"
