@@ -52,7 +52,7 @@ ANSWERED_OPS = tuple(op for op, cls in CONTROL.ops.items() if "agent" in cls.ans
 
 class AgentServer:
     def __init__(self, control: str, telemetry: str, *, num_blocks: int, block_size: int, facts: dict,
-                 capacity: dict, metrics: str | None = None):
+                 capacity: dict, metrics: str | None = None, metrics_allow_remote: bool = False):
         """metrics: "HOST:PORT" of a /metrics of its own (engine/vllm_agent/metrics_port.py), or None."""
         self.ctx = zmq.Context()
         self.control = harden(self.ctx.socket(zmq.ROUTER), "control")
@@ -83,7 +83,7 @@ class AgentServer:
         if capacity.get("exceeds"):
             self.alerts.fire("capacity_exceeds_window", "critical", capacity["message"], subject="pool:vllm",
                              condition=True, pool=POOL)
-        self.metrics_port = MetricsPort(metrics) if metrics else None
+        self.metrics_port = MetricsPort(metrics, allow_remote=metrics_allow_remote) if metrics else None
         self._thread = threading.Thread(target=self._run, name="pagewarden-agent", daemon=True)
         self._thread.start()
 

@@ -69,6 +69,7 @@ class PageWardenConnector(KVConnectorBase_V1):
         self.control = str(extra.get("control") or os.environ.get("PAGEWARDEN_VLLM_AGENT") or DEFAULT_CONTROL)
         self.telemetry = str(extra.get("telemetry") or _next_port(self.control))
         self.metrics = str(extra["metrics"]) if extra.get("metrics") else None  # HOST:PORT of its /metrics
+        self.metrics_allow_remote = extra.get("metrics_allow_remote") is True
         self.period = float(extra.get("snapshot_period_s", 0.05))
         if not 0.0 <= self.period <= 60.0:
             raise ValueError(f"snapshot_period_s {self.period:g} is out of range: 0 to 60 seconds")
@@ -109,6 +110,7 @@ class PageWardenConnector(KVConnectorBase_V1):
                  "device": str(self.vllm_config.device_config.device_type)}
         self.server = AgentServer(self.control, self.telemetry, num_blocks=pool.num_gpu_blocks,
                                   block_size=self.block_size, facts=facts, metrics=self.metrics,
+                                  metrics_allow_remote=self.metrics_allow_remote,
                                   capacity=capacity_finding(self.max_model_len, pool.num_gpu_blocks, self.block_size))
 
     def on_new_request(self, request) -> None:

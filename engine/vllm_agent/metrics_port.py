@@ -13,18 +13,24 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from engine.http.prometheus_text import CONTENT_TYPE
+from engine.wire.sockets import is_loopback_host
 
 
-def parse_address(value: str) -> tuple[str, int]:
-    """"HOST:PORT" -> (host, port). Raises ValueError naming the value."""
+def parse_address(value: str, *, allow_remote: bool = False) -> tuple[str, int]:
+    """"HOST:PORT" -> (host, port). Loopback only unless allow_remote ("metrics_allow_remote":
+    HTTP has no CURVE, the same rule as serve's --http-host). Raises ValueError naming the value."""
     host, _, port = str(value).rpartition(":")
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"metrics address {value!r}: expected HOST:PORT with a port in 0..65535")
-    return host.strip("[]"), int(port)
+    host = host.strip("[]")
+    if not is_loopback_host(host) and not allow_remote:
+        raise ValueError(f"metrics address {value!r} is not a loopback address and HTTP has no CURVE: put it "
+                         f"behind a proxy and set \"metrics_allow_remote\": true to serve it there")
+    return host, int(port)
 
 
 class MetricsPort:
-    def __init__(self, address: str):
+    def __init__(self, address: str, *, allow_remote: bool = False):
         self._text = b""
         text = self
 
@@ -43,7 +49,7 @@ class MetricsPort:
             def log_message(self, *args: object) -> None:  # scrapes are not worth a log line each
                 return
 
-        self.server = ThreadingHTTPServer(parse_address(address), Handler)
+        self.server = ThreadingHTTPServer(parse_address(address, allow_remote=allow_remote), Handler)
         self.server.daemon_threads = True
         host, port = self.server.server_address[:2]
         self.url = f"http://{host}:{port}"

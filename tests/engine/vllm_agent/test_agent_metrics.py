@@ -64,3 +64,6 @@ def test_a_bad_metrics_address_is_refused_with_the_value():
         parse_address("nowhere")
     with pytest.raises(ValueError, match="port in 0..65535"):
         parse_address("127.0.0.1:70000")
+    with pytest.raises(ValueError, match="'10.1.2.3:9100' is not a loopback address"):
+        parse_address("10.1.2.3:9100")
+    assert parse_address("10.1.2.3:9100", allow_remote=True) == ("10.1.2.3", 9100)
