@@ -156,7 +156,8 @@ def test_the_agent_answers_viewer_ops_refuses_the_rest_and_publishes_pages_and_a
     assert seen["alerts"].get("kind") == "ownership_violation" and seen["alerts"].get("pages") == [5]
     assert np.asarray(keyframe.arrays["refs"]).dtype == np.int32
     metrics = seen["metrics"]
-    assert metrics.get("pools") == {"vllm": {"pages": 16, "used_pages": metrics.get("pools")["vllm"]["used_pages"]}}
+    assert metrics.get("pools") == {"vllm": {"role": "vllm", "pages": 16,  # as the engine's `load` says it
+                                             "used_pages": metrics.get("pools")["vllm"]["used_pages"]}}
     assert {"tokens_per_s", "running", "queue_depth"} <= set(metrics.header)
 
 
