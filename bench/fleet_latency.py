@@ -63,7 +63,7 @@ def one_round(tmp: Path, scrape_s: int, seed: int) -> tuple[float, float]:
         worker = threading.Thread(target=run_workload, args=(clients["faulty"], INCIDENT.workload(random.Random(seed), 0.5)),
                                   daemon=True)
         worker.start()
-        crossed_at = _until(lambda: watcher.status(brief=True)["cross_reads"]["total"] > 0, 300, 0.05)
+        crossed_at = _until(lambda: watcher.call("status", brief=True)["cross_reads"]["total"] > 0, 300, 0.05)
 
         def faulty_on_top() -> bool:
             rows = fleet_rows(query.snapshot())
