@@ -10,16 +10,22 @@ import threading
 import numpy as np
 import pytest
 
+from engine.adapters.prometheus_fleet import FleetQuery
 from engine.client.engine_client import EngineClient, RemoteError
 from engine.client.local_server import write_config
 from engine.client.subscriber import TelemetrySubscriber
 from engine.config import EngineConfig
+from engine.guard.reproduce import run_workload
+from engine.guard.scenarios import SCENARIOS, config_sections
 from engine.wire.page_tags import PageState
+from gui.model.fleet import fleet_rows
 from tests.prometheus_stack import Stack, needs_stack
 from tests.vllm.vllm_server import VllmServer, free_port
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.vllm
+INCIDENT = SCENARIOS["incident-placeholder"]
+LEAKING = {"defences": {"manifest_check": False, "writer_tag_check": False}}
 
 PREFIXES = ("the quick brown fox jumps over the lazy dog " * 3, "lorem ipsum dolor sit amet consectetur " * 3,
             "river stone light cloud north south green amber " * 2)
@@ -75,26 +81,44 @@ def vllm_with_agent():
 
 
 @needs_stack
-def test_a_real_prometheus_scrapes_the_agent_beside_a_pagewarden_engine(vllm_with_agent, tmp_path):
-    """The fleet of the monitoring test, with vLLM: the agent's /metrics (a port of its own:
-    vLLM's /metrics lives in its API server process) carries the same families, scraped by a
-    real Prometheus beside a real PageWarden engine; the shipped rules raise nothing on either."""
+def test_a_real_prometheus_watches_vllm_beside_a_healthy_and_a_faulty_pagewarden_engine(vllm_with_agent, tmp_path):
+    """The fleet of the monitoring test with its third engine: the agent's /metrics (a port of
+    its own: vLLM's /metrics lives in its API server process) beside two real PageWarden engines,
+    one reproducing the incident; one real Prometheus evaluating the shipped rules, one real
+    Alertmanager. The faulty engine tops the Fleet view's order and its alert reaches
+    Alertmanager; vLLM and the healthy engine raise nothing."""
+    base = EngineConfig().replace(canaries={"enabled": False})
     stack = Stack(tmp_path)
     try:
-        stack.engine("pagewarden", write_config(tmp_path / "engine.toml",
-                                                EngineConfig().replace(canaries={"enabled": False})))
+        stack.engine("healthy", write_config(tmp_path / "healthy.toml", base))
+        faulty = stack.engine("faulty", write_config(tmp_path / "faulty.toml", base, **config_sections(INCIDENT)),
+                              "--allow-faults")
+        client = faulty.client(timeout_s=300)
+        faulty.wait_workers(client)
+        client.reconfigure(LEAKING, apply=True)
+        faulty.wait_workers(client)
         stack.targets["vllm"] = "http://" + vllm_with_agent.agent_metrics
         stack.start_prometheus()
-        both = {stack.instance("pagewarden"), stack.instance("vllm")}
-        wait_for(lambda: set(stack.query("pagewarden_up == 1")) == both, 120, "Prometheus to scrape both")
-        roles = stack.query('count by (instance, role) (pagewarden_engine_info)')
-        assert roles.keys() == both
-        info = stack.query('pagewarden_engine_info{role="vllm_agent"}')
-        assert info.keys() == {stack.instance("vllm")}
+        three = {stack.instance(name) for name in ("healthy", "faulty", "vllm")}
+        wait_for(lambda: set(stack.query("pagewarden_up == 1")) == three, 120, "Prometheus to scrape all three")
+        assert stack.query('pagewarden_engine_info{role="vllm_agent"}').keys() == {stack.instance("vllm")}
         assert stack.query('pagewarden_workers{role="vllm", state="ready"}') == {stack.instance("vllm"): 1.0}
         assert stack.query('pagewarden_pool_pages{pool="vllm"}') == {stack.instance("vllm"): 128.0}
-        firing = [a for a in stack.alertmanager_alerts() if a["labels"].get("category") == "isolation"]
-        assert not firing, firing
+        run_workload(client, INCIDENT.workload(random.Random(7), 0.5))
+        rows = wait_for(lambda: (r := fleet_rows(FleetQuery(stack.prometheus, "pagewarden").snapshot()))
+                        and len(r) == 3 and r[0].engine.instance == stack.instance("faulty") and r, 90,
+                        "the faulty engine at the top of the Fleet view")
+        by_instance = {row.engine.instance: row for row in rows}
+        assert by_instance[stack.instance("vllm")].engine.kind == "vLLM agent"
+        assert by_instance[stack.instance("vllm")].finding == "healthy"
+        assert by_instance[stack.instance("healthy")].finding == "healthy"
+        wait_for(lambda: any(a["labels"].get("alertname") == "PageWardenDataCrossed"
+                             and a["labels"].get("instance") == stack.instance("faulty")
+                             for a in stack.alertmanager_alerts()), 90, "PageWardenDataCrossed in Alertmanager")
+        others = [a for a in stack.alertmanager_alerts() if a["labels"].get("category") == "isolation"
+                  and a["labels"].get("instance") != stack.instance("faulty")]
+        assert not others, others
+        client.close()
     finally:
         stack.stop()
 
