@@ -23,7 +23,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWi
 from engine.adapters.prometheus_fleet import DEFAULT_SCRAPE_S, FleetQuery, FleetSnapshot
 from gui import theme
 from gui.dialogs.fleet_dialog import FleetDialog, fleet_keys
-from gui.model.fleet import COLUMNS, FleetModel, FleetRow, age_words
+from gui.model.fleet import COLUMNS, FleetModel, FleetRow, age_words, count_words, model_words
 from gui.widgets.row_table_model import RowTableModel, row_table_view
 from gui.widgets.sparkline_delegate import SERIES_ROLE, SparklineDelegate
 
@@ -37,8 +37,9 @@ def _cells(row: FleetRow) -> tuple[str, ...]:
     pools = " ".join(f"{pool} {ratio:.0%}" for pool, ratio in sorted(e.pools.items())) or "–"
     up = {True: "up", False: "DOWN", None: "?"}[e.up]
     age = age_words(e.uptime_s) if e.uptime_s is not None else "–"
-    return (e.instance, row.finding, up, e.kind, e.model or "–", pools, "", str(e.critical_firing),
-            f"{e.cross_reads_5m:g}", f"{e.restarts_15m:g} / {e.restarts_total:g}", age, str(e.defences_off),
+    return (e.instance, row.finding, up, e.kind, model_words(e.model), pools, "", str(e.critical_firing),
+            count_words(e.cross_reads_5m), f"{count_words(e.restarts_15m)} / {count_words(e.restarts_total)}", age,
+            str(e.defences_off),
             str(e.faults_on), e.control or "–")
 
 

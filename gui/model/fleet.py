@@ -52,7 +52,8 @@ def finding_of(e: EngineRow) -> str:
     """The row's finding: what is wrong, most urgent first, or "healthy"."""
     words = []
     if e.crossed_events_5m > 0 or e.cross_reads_5m > 0:
-        words.append(f"data crossed: {e.crossed_events_5m:g} events, {e.cross_reads_5m:g} reads (5 min)")
+        words.append(f"data crossed: {count_words(e.crossed_events_5m)} events, {count_words(e.cross_reads_5m)} "
+                     f"reads (5 min)")
     if e.critical_firing:
         words.append(f"{e.critical_firing} critical alert{'s' if e.critical_firing != 1 else ''} firing")
     if e.up is False:
@@ -60,12 +61,24 @@ def finding_of(e: EngineRow) -> str:
     if e.capacity_exceeds:
         words.append("context window exceeds a pool")
     if e.restarts_15m > 0:
-        words.append(f"{e.restarts_15m:g} worker restarts in 15 min")
+        words.append(f"{count_words(e.restarts_15m)} worker restarts in 15 min")
     if e.defences_off:
         words.append(f"{e.defences_off} defence{'s' if e.defences_off != 1 else ''} off")
     if e.faults_on:
         words.append(f"{e.faults_on} fault{'s' if e.faults_on != 1 else ''} on")
     return "; ".join(words) or "healthy"
+
+
+def count_words(value: float) -> str:
+    """A count from Prometheus's increase(), which extrapolates to the window's edges and so
+    gives 323.395 for 323 events: shown whole ("about" when it was not), with thousands marked."""
+    whole = round(value)
+    return f"{whole:,}" if abs(value - whole) < 1e-9 else f"about {whole:,}"
+
+
+def model_words(model: str) -> str:
+    """A model as a person names it: the checkpoint directory's name, not its whole path."""
+    return model.rstrip("/").rsplit("/", 1)[-1] if model else "–"
 
 
 def fleet_rows(snapshot: FleetSnapshot) -> list[FleetRow]:

@@ -186,3 +186,14 @@ def test_a_row_attaches_with_the_keys_the_fleet_dialog_remembered(qtbot, tmp_pat
     view.attach_row(fleet_rows(FleetSnapshot("p", (EngineRow("never-seen:1", up=False),)))[0])
     assert len(asked) == 1 and "no control endpoint known" in view.status.text()
     view.stop()
+
+
+def test_counts_from_increase_are_shown_whole_and_models_by_their_name():
+    """Prometheus's increase() extrapolates (323.395 for 323 events, seen on a live fleet); the
+    row says a whole number, and "about" when it was not one; a model is its directory's name."""
+    from gui.model.fleet import count_words, model_words
+
+    assert count_words(323.395) == "about 323" and count_words(28583.9) == "about 28,584"
+    assert count_words(3.0) == "3" and count_words(0.0) == "0"
+    assert model_words("/work/main/resources/models/pagewarden-copy") == "pagewarden-copy"
+    assert model_words("") == "–"
