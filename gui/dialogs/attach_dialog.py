@@ -5,7 +5,6 @@ and whether this session is read-only. Recent addresses come from QSettings, new
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import (
@@ -21,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gui.dialogs.checked_form import lay_out, show_problem
+from gui.dialogs.checked_form import lay_out, missing_key_file, show_problem
 
 RECENT_KEY = "recent_engines"  # shared with the main window's File > Recent engines
 MAX_RECENT = 10
@@ -114,11 +113,7 @@ class AttachDialog(QDialog):
         error = address_error(self.address.currentText())
         if error:
             return error
-        for label, edit in (("server public key", self.server_key), ("client key", self.client_keys)):
-            path = edit.text().strip()
-            if path and not Path(path).expanduser().exists():
-                return f"{label.capitalize()} not found: {path}"
-        return None
+        return missing_key_file(self.server_key.text(), self.client_keys.text())
 
     def _check(self, *_) -> None:
         show_problem(self.error, self.buttons, self.problem())

@@ -3,6 +3,8 @@ names what is wrong and keeps OK disabled until it is fixed."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLabel, QVBoxLayout
 
 from gui import theme
@@ -30,3 +32,13 @@ def show_problem(error: QLabel, buttons: QDialogButtonBox, problem: str | None) 
     error.setVisible(bool(problem))
     error.setStyleSheet(f"color: {theme.color('danger').name()};")
     buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(problem is None)
+
+
+def missing_key_file(server_key: str, client_keys: str) -> str | None:
+    """The CURVE key path (server public key, client key) a form names that does not exist, or
+    None; an empty field names none."""
+    for label, text in (("server public key", server_key), ("client key", client_keys)):
+        path = text.strip()
+        if path and not Path(path).expanduser().exists():
+            return f"{label.capitalize()} not found: {path}"
+    return None

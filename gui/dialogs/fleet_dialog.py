@@ -4,12 +4,11 @@ attach to an engine from it. Every field is remembered in QSettings (FLEET_KEYS)
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QDialog, QDoubleSpinBox, QFormLayout, QLabel, QLineEdit
 
-from gui.dialogs.checked_form import lay_out, show_problem
+from gui.dialogs.checked_form import lay_out, missing_key_file, show_problem
 
 FLEET_KEYS = {"url": "fleet/url", "job_regex": "fleet/job_regex", "server_key": "fleet/server_key",
               "client_keys": "fleet/client_keys"}
@@ -65,11 +64,7 @@ class FleetDialog(QDialog):
             re.compile(self.job_regex.text())
         except re.error as exc:
             return f"Jobs: not a regex: {exc}"
-        for label, edit in (("server public key", self.server_key), ("client key", self.client_keys)):
-            path = edit.text().strip()
-            if path and not Path(path).expanduser().exists():
-                return f"{label.capitalize()} not found: {path}"
-        return None
+        return missing_key_file(self.server_key.text(), self.client_keys.text())
 
     def _check(self, *_) -> None:
         show_problem(self.error, self.buttons, self.problem())
