@@ -1,6 +1,6 @@
 """A fleet of 500 engines, as Prometheus sees it: 500 PageWarden-shaped /metrics targets served
 by this one light process (generated families, no model), scraped by Debian's real
-Prometheus, then the Fleet view's queries timed against it.
+Prometheus, then the Fleet view's own client (engine/adapters/prometheus_fleet.py) timed against it.
 
     .venv/bin/python bench/fleet_scale.py [--engines 500] [--scrape-s 5] [--refreshes 10]
 
@@ -8,8 +8,7 @@ Each target answers `engine/http/prometheus_text.exposition` of a generated `sta
 two workers, every alert kind; a few engines cross data (their crossed events grow), one in
 fifty is faulty, one in a hundred has its window over a pool. Printed: scrape health (targets
 up, scrape duration p50/p99 from Prometheus's own `scrape_duration_seconds`), then per refresh
-of the Fleet view (engine/adapters/prometheus_fleet.py when present, else the same queries
-spelled here): wall time of its queries, rows, and the slowest query. No assertion: a bench
+of the Fleet view: wall time of its queries and rows. No assertion: a bench
 measures.
 """
 
@@ -33,21 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from engine.adapters.prometheus_fleet import FleetQuery  # noqa: E402
 from engine.http.prometheus_text import CONTENT_TYPE, exposition  # noqa: E402
 
-# what the Fleet view asks each refresh (kept in step with engine/adapters/prometheus_fleet.py)
-FLEET_QUERIES = (
-    'up{job="fleet"}',
-    "pagewarden_engine_info",
-    "pagewarden_pool_usage_ratio",
-    "max by (instance) (pagewarden_capacity_exceeds_window)",
-    'sum by (instance) (pagewarden_alerts{state="firing", severity="critical"})',
-    "sum by (instance) (increase(pagewarden_cross_reads_total[5m]))",
-    'sum by (instance) (increase(pagewarden_alert_events_total{crossed="true"}[5m]))',
-    "sum by (instance) (increase(pagewarden_worker_restarts_total[15m]))",
-    "max by (instance) (pagewarden_uptime_seconds)",
-    "count by (instance) (pagewarden_defence_on == 0)",
-)
 
 
 class Engine:
@@ -128,23 +115,13 @@ def query(base: str, promql: str) -> tuple[float, int]:
     return time.perf_counter() - start, len(answer["data"]["result"])
 
 
-def fleet_refresh(base: str) -> tuple[float, int, str, str]:
-    """One refresh of the Fleet view: (seconds, rows, slowest query, how it was asked)."""
-    try:
-        from engine.adapters.prometheus_fleet import FleetQuery  # the view's own client, when it exists
-    except ImportError:
-        FleetQuery = None  # type: ignore[assignment,misc]  # noqa: N806
-    if FleetQuery is not None:
-        start = time.perf_counter()
-        snapshot = FleetQuery(base, job_regex="fleet", timeout_s=60).snapshot()
-        rows = len(getattr(snapshot, "rows", []) or [])
-        return time.perf_counter() - start, rows, "", "engine/adapters/prometheus_fleet.py"
-    start, slowest, rows = time.perf_counter(), ("", 0.0), 0
-    for promql in FLEET_QUERIES:
-        took, series = query(base, promql)
-        rows = max(rows, series) if promql.startswith("up") else rows
-        slowest = max(slowest, (promql, took), key=lambda p: p[1])
-    return time.perf_counter() - start, rows, f"{slowest[0]} ({slowest[1] * 1000:.0f} ms)", "the queries spelled here"
+def fleet_refresh(base: str) -> tuple[float, int]:
+    """One refresh of the Fleet view through its own client: (seconds, rows)."""
+    start = time.perf_counter()
+    snapshot = FleetQuery(base, job_regex="fleet", timeout_s=60).snapshot()
+    if snapshot.error:
+        raise RuntimeError(f"the Fleet query failed: {snapshot.error}")
+    return time.perf_counter() - start, len(snapshot.rows)
 
 
 def main() -> None:
@@ -191,11 +168,11 @@ def main() -> None:
                   f"{_pct(durations, 50) * 1000:.1f} ms, p99 {_pct(durations, 99) * 1000:.1f} ms")
             took = []
             for i in range(args.refreshes):
-                seconds, rows, slowest, how = fleet_refresh(base)
+                seconds, rows = fleet_refresh(base)
                 took.append(seconds)
-                print(f"  refresh {i + 1}: {seconds * 1000:.0f} ms, {rows} rows{'; slowest ' + slowest if slowest else ''}")
+                print(f"  refresh {i + 1}: {seconds * 1000:.0f} ms, {rows} rows")
                 time.sleep(1)
-            print(f"Fleet refresh ({how}): median {statistics.median(took) * 1000:.0f} ms, "
+            print(f"Fleet refresh (engine/adapters/prometheus_fleet.py): median {statistics.median(took) * 1000:.0f} ms, "
                   f"max {max(took) * 1000:.0f} ms over {len(took)} refreshes")
             if args.gui:
                 gui_frames(base, args.refreshes)
@@ -212,7 +189,6 @@ def gui_frames(base: str, refreshes: int) -> None:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6.QtWidgets import QApplication
 
-    from engine.adapters.prometheus_fleet import FleetQuery
     from gui.fleet_view import FleetView
 
     app = QApplication.instance() or QApplication([])
