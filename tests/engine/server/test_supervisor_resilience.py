@@ -15,13 +15,6 @@ from engine.config import EngineConfig
 from engine.server.supervisor import Supervisor
 
 
-@pytest.fixture
-def supervisor():
-    sup = Supervisor(EngineConfig().replace(canaries={"enabled": False}), bind="tcp://127.0.0.1:0")  # no workers started
-    yield sup
-    sup.shutdown()
-
-
 def test_an_ownership_report_with_an_unwritten_page_and_a_canary_page(supervisor):
     sup = supervisor
     sup.book.by_slot.update({3: "victim", 9: "canary-9"})

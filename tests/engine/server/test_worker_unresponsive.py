@@ -4,19 +4,9 @@ it: before, it could only ever be pending, so no receiver and no counter ever sa
 
 from __future__ import annotations
 
-import pytest
 
-from engine.config import EngineConfig
-from engine.server.supervisor import Supervisor
 from engine.server.worker_pool import UNRESPONSIVE_FIRING_S, UNRESPONSIVE_S
 from engine.wire.messages.to_supervisor import Heartbeat
-
-
-@pytest.fixture
-def supervisor():
-    sup = Supervisor(EngineConfig().replace(canaries={"enabled": False}), bind="tcp://127.0.0.1:0")  # no workers started
-    yield sup
-    sup.shutdown()
 
 
 def test_a_silent_worker_goes_pending_then_firing_then_resolves_on_its_heartbeat(supervisor):
