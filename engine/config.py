@@ -116,6 +116,19 @@ class AlertsSection:
     generator_url: str = ""  # a link sent with every alert (e.g. the operator's dashboard); empty: none
 
 
+PREFIX_CACHE_SCOPES = ("tenant", "global", "off")
+
+
+@dataclass(frozen=True)
+class PrefixCacheSection:
+    # Which requests may share cached prompt pages. "tenant": those of the same salt, which is
+    # the request's cache_salt when it gives one, else its tenant; "global": the same
+    # cache_salt (none counts as one salt), whatever the tenant, as vLLM does; "off": no
+    # sharing. Sharing across tenants is a timing side channel (prompts recovered token by
+    # token through cache hits), so it is not the default.
+    scope: str = "tenant"
+
+
 RESTART_POLICIES = ("on-failure", "never")
 MAX_URL_CHARS = 2048
 
@@ -167,6 +180,7 @@ class EngineConfig:
     canaries: CanariesSection = field(default_factory=CanariesSection)
     audit: AuditSection = field(default_factory=AuditSection)
     alerts: AlertsSection = field(default_factory=AlertsSection)
+    prefix_cache: PrefixCacheSection = field(default_factory=PrefixCacheSection)
     pools: dict[str, PoolConfig] = field(
         default_factory=lambda: {n: PoolConfig(n, 4096) for n in POOL_NAMES}
     )
@@ -183,6 +197,7 @@ class EngineConfig:
             "canaries": dataclasses.asdict(self.canaries),
             "audit": dataclasses.asdict(self.audit),
             "alerts": dataclasses.asdict(self.alerts),
+            "prefix_cache": dataclasses.asdict(self.prefix_cache),
             "pools": {n: {"pages": p.pages} for n, p in self.pools.items()},
         }
 
@@ -254,16 +269,19 @@ def config_from_dict(data: dict[str, Any], *, source: str = "<dict>") -> EngineC
     """Validate a TOML-shaped dict. Raises ConfigError naming the key and the limit."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: config must be a table, got {type(data).__name__}")
-    _no_unknown(data, {"model", "engine", "workers", "defences", "faults", "canaries", "audit", "alerts", "pools"},
-                "", source)
+    _no_unknown(data, {"model", "engine", "workers", "defences", "faults", "canaries", "audit", "alerts",
+                       "prefix_cache", "pools"}, "", source)
     model = _section(data, "model", ModelSection, source)
     engine = _section(data, "engine", EngineSection, source)
     workers = _section(data, "workers", WorkersSection, source)
     extra = {name: _section(data, name, cls, source) for name, cls in (
         ("defences", DefencesSection), ("faults", FaultsSection), ("canaries", CanariesSection),
-        ("audit", AuditSection), ("alerts", AlertsSection))}
+        ("audit", AuditSection), ("alerts", AlertsSection), ("prefix_cache", PrefixCacheSection))}
     pools = _pools(data.get("pools", {n: {"pages": 4096} for n in POOL_NAMES}), source)
     _check_choices(model, engine, source)
+    if extra["prefix_cache"].scope not in PREFIX_CACHE_SCOPES:
+        raise ConfigError(f"{source}: prefix_cache.scope = {extra['prefix_cache'].scope!r} is not one of "
+                          f"{', '.join(PREFIX_CACHE_SCOPES)}")
     if workers.restart not in RESTART_POLICIES:
         raise ConfigError(f"{source}: workers.restart = {workers.restart!r} is not one of {', '.join(RESTART_POLICIES)}")
     for key in ("webhook_url", "generator_url"):

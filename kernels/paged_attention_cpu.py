@@ -16,9 +16,12 @@ import torch
 
 from kernels import cpu_extension, paged_attention_ref
 
+_NO_KEYS = torch.empty(0, dtype=torch.int64)
+
 
 def plan_decode(block_table, expected_tags, seq_lens, token_writer, page_size: int,
-                check_tags: bool = True, mask_foreign: bool = True) -> paged_attention_ref.DecodePlan:
+                check_tags: bool = True, mask_foreign: bool = True, *,
+                page_keys=None, expected_keys=None) -> paged_attention_ref.DecodePlan:
     """paged_attention_ref.plan_decode's plan, computed in C++ on the CPU.
 
     Raises ValueError when a seq_len needs more pages than block_table holds, RuntimeError
@@ -27,12 +30,17 @@ def plan_decode(block_table, expected_tags, seq_lens, token_writer, page_size: i
     ext = cpu_extension.extension()
     if ext is None or any(t.device.type != "cpu" for t in (block_table, expected_tags, seq_lens, token_writer)):
         return paged_attention_ref.plan_decode(block_table, expected_tags, seq_lens, token_writer, page_size,
-                                               check_tags, mask_foreign)
+                                               check_tags, mask_foreign, page_keys=page_keys,
+                                               expected_keys=expected_keys)
     if token_writer.dim() != 2 or token_writer.shape[1] != page_size:
         raise ValueError(f"token_writer must be [num_pages, page_size={page_size}], got {tuple(token_writer.shape)}")
     num_pages_seq = paged_attention_ref.pages_needed(block_table, seq_lens, page_size)
+    paged_attention_ref._check_keys(page_keys, expected_keys, token_writer.shape[0], block_table.shape)
+    if page_keys is None:  # no page is keyed: empty tensors tell the kernel to skip the key check
+        page_keys = expected_keys = _NO_KEYS
     pages, blocked, violations, foreign, empty = ext.plan_tags(
-        block_table, expected_tags, seq_lens, token_writer, num_pages_seq, check_tags, mask_foreign)
+        block_table, expected_tags, seq_lens, token_writer, num_pages_seq, check_tags, mask_foreign,
+        page_keys, expected_keys)
     return paged_attention_ref.DecodePlan(pages, blocked[:, :, None, None], violations,
                                           empty if bool(empty.any()) else None, foreign if check_tags else None)
 

@@ -2,8 +2,11 @@
 
 One query token per sequence attends over its pages (GQA), with the per-token writer-tag
 check of invariant I1: every token slot carries the tag of the code that last wrote it, and
-a reader may attend a slot only if that tag is its own for the epoch of its grant. A slot
-written by anyone else (foreign) or by nobody since its last scrub (unwritten) is masked
+a reader may attend a slot only if that tag is the one its table expects for the page (its
+own for the epoch of its grant, or, for a page it shares through the prefix cache, the
+page's original writer) and the page's prefix key equals the key the reader computed from
+its own tokens and salt (0 on both sides for a page that is not keyed). A slot failing
+either is foreign, or unwritten when nobody wrote it since its last scrub; both are masked
 out and counted, each kind on its own.
 """
 
@@ -47,6 +50,14 @@ def validate_decode_inputs(q, k_cache, v_cache, block_table, expected_tags, seq_
         )
     if seq_lens.shape != (batch,):
         raise ValueError(f"seq_lens must be [{batch}], got {tuple(seq_lens.shape)}")
+
+
+def _check_keys(page_keys, expected_keys, num_pages: int, table_shape) -> None:
+    if (page_keys is None) != (expected_keys is None):
+        raise ValueError("page_keys and expected_keys go together: give both or neither")
+    if page_keys is not None and (page_keys.shape != (num_pages,) or expected_keys.shape != table_shape):
+        raise ValueError(f"page_keys must be [{num_pages}] and expected_keys {tuple(table_shape)}, got "
+                         f"{tuple(page_keys.shape)} and {tuple(expected_keys.shape)}")
 
 
 @dataclass
@@ -93,10 +104,13 @@ def pages_needed(block_table, seq_lens, page_size: int) -> int:
 
 
 def plan_decode(block_table, expected_tags, seq_lens, token_writer, page_size: int,
-                check_tags: bool = True, mask_foreign: bool = True) -> DecodePlan:
+                check_tags: bool = True, mask_foreign: bool = True, *,
+                page_keys=None, expected_keys=None) -> DecodePlan:
     """Resolve pages, the I1 mask and the violation counts for one decode step.
 
-    token_writer is the pool's [num_pages, page_size] int64 writer tag of every token slot.
+    token_writer is the pool's [num_pages, page_size] int64 writer tag of every token slot;
+    page_keys the pool's [num_pages] int64 prefix key of every page and expected_keys the
+    [B, P] key each row computed for its page columns (both None: no page is keyed).
     mask_foreign=False counts violations without masking them (the defence off, the
     detector on). Raises ValueError when a seq_len needs more pages than block_table holds.
     """
@@ -118,6 +132,10 @@ def plan_decode(block_table, expected_tags, seq_lens, token_writer, page_size: i
         # epoch), or by nobody since its scrub
         tags = token_writer[pages]
         mine = tags == expected_tags[:, :, None]
+        if page_keys is not None:
+            # a shared page is readable only by a reader whose own prefix (tokens and salt)
+            # hashes to the page's key: a cache that matched on anything less is caught here
+            mine &= (page_keys[pages] == expected_keys[:, :num_pages_seq])[:, :, None]
         unwritten = in_seq & ~mine & (tags == NO_WRITER)
         foreign = in_seq & ~mine & ~unwritten
         violations = torch.stack([foreign.sum(dim=(1, 2), dtype=torch.int32),
@@ -208,12 +226,16 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     violations: torch.Tensor | None = None,
     partition_size: int = 512,
+    page_keys: torch.Tensor | None = None,
+    expected_keys: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attend one query token per sequence over its KV pages; return (out [B, H, D], violations [B, 2]).
 
     Token t of sequence b is read from page block_table[b, t // page_size], slot
     t % page_size. With check_tags, a token slot is read only when its writer tag
-    (token_writer[page, slot]) equals expected_tags[b, page column]; violations[b] is
+    (token_writer[page, slot]) equals expected_tags[b, page column] and, when page_keys
+    ([num_pages]) and expected_keys ([B, P]) are given, the page's key equals the row's
+    expected key for that column; violations[b] is
     (foreign, unwritten): the slots b needed that another writer or nobody wrote, all
     masked. Rows with nothing to attend are zero.
     partition_size is accepted for signature parity with the Triton kernel and ignored.
@@ -224,7 +246,9 @@ def paged_decode_attention(
     if token_writer.shape != k_cache.shape[:2]:
         raise ValueError(f"token_writer must be [num_pages, page_size] = {tuple(k_cache.shape[:2])}, "
                          f"got {tuple(token_writer.shape)}")
-    plan = plan_decode(block_table, expected_tags, seq_lens, token_writer, k_cache.shape[1], check_tags)
+    _check_keys(page_keys, expected_keys, k_cache.shape[0], block_table.shape)
+    plan = plan_decode(block_table, expected_tags, seq_lens, token_writer, k_cache.shape[1], check_tags,
+                       page_keys=page_keys, expected_keys=expected_keys)
     out = attend_planned(q, k_cache, v_cache, plan, scale=scale, out=out)
     if violations is None:
         return out, plan.violations

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.paged_attention_ref import validate_decode_inputs
+from kernels.paged_attention_ref import _check_keys, validate_decode_inputs
 
 # finite start for the running max: m_i - m_new is never -inf - (-inf) = NaN when all is masked
 _NEG_BIG = tl.constexpr(-1.0e30)
@@ -27,6 +27,7 @@ _FP_FUSION = True
 @triton.jit
 def _decode_partition_kernel(
     q_ptr, k_ptr, v_ptr, block_table_ptr, expected_ptr, seq_lens_ptr, token_writer_ptr,
+    page_keys_ptr, expected_keys_ptr,
     m_ptr, l_ptr, acc_ptr, violations_ptr,
     qk_scale, num_pool_pages, table_width, num_parts,
     stride_qb, stride_qh, stride_qd,
@@ -36,7 +37,7 @@ def _decode_partition_kernel(
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     PARTITION: tl.constexpr, BLOCK_N: tl.constexpr,
-    CHECK_TAGS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    CHECK_TAGS: tl.constexpr, KEYED: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -74,6 +75,12 @@ def _decode_partition_kernel(
             tag = tl.load(token_writer_ptr + page * PAGE_SIZE + slot, mask=ok, other=-1)
             want = tl.load(expected_ptr + b * stride_ex_b + page_idx * stride_ex_p, mask=in_seq, other=0)
             mine = ok & (tag == want)
+            if KEYED:
+                # a shared page: its prefix key must be the one the reader computed itself
+                key = tl.load(page_keys_ptr + page, mask=ok, other=0)
+                want_key = tl.load(expected_keys_ptr + b * stride_ex_b + page_idx * stride_ex_p, mask=in_seq,
+                                   other=0)
+                mine = mine & (key == want_key)
             unwritten = ok & ~mine & (tag == -1)
             # a table entry outside the pool counts as foreign: it names nobody's data
             foreign = in_seq & ~mine & ~unwritten
@@ -171,16 +178,23 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     violations: torch.Tensor | None = None,
     partition_size: int = 512,
+    page_keys: torch.Tensor | None = None,
+    expected_keys: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attend one query token per sequence over its KV pages; return (out [B, H, D], violations [B, 2]).
 
-    Same contract as kernels.paged_attention_ref.paged_decode_attention, without a host
+    Same contract as kernels.paged_attention_ref.paged_decode_attention (prefix keys included), without a host
     sync: a seq_len beyond the block table is clamped to it, and a table entry outside the
     pool is never read (its slots count as foreign when check_tags). partition_size (a power
     of two >= 16) is the number of tokens one program reduces before the merge.
     Raises ValueError on inconsistent shapes or a bad partition_size.
     """
     validate_decode_inputs(q, k_cache, v_cache, block_table, expected_tags, seq_lens)
+    _check_keys(page_keys, expected_keys, k_cache.shape[0], block_table.shape)
+    keyed = page_keys is not None
+    if keyed and expected_keys.stride() != expected_tags.stride():
+        expected_keys = expected_keys.contiguous()
+        expected_tags = expected_tags.contiguous()
     if token_writer.shape != k_cache.shape[:2] or not token_writer.is_contiguous():
         raise ValueError(f"token_writer must be a contiguous [num_pages, page_size] = {tuple(k_cache.shape[:2])}, "
                          f"got {tuple(token_writer.shape)}")
@@ -205,6 +219,7 @@ def paged_decode_attention(
     head_dim_pad = triton.next_power_of_2(head_dim)
     _decode_partition_kernel[(batch, num_kv_heads, num_parts)](
         q, k_cache, v_cache, block_table, expected_tags, seq_lens, token_writer,
+        page_keys if keyed else token_writer, expected_keys if keyed else expected_tags,  # unread unless KEYED
         part_max, part_sum, part_acc, violations,
         scale * math.log2(math.e), num_pool_pages, table_width, num_parts,
         *q.stride(), *k_cache.stride(), *v_cache.stride(),
@@ -212,7 +227,7 @@ def paged_decode_attention(
         PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, head_dim_pad),
         PARTITION=partition_size, BLOCK_N=min(_MAX_BLOCK_N, partition_size),
-        CHECK_TAGS=check_tags,
+        CHECK_TAGS=check_tags, KEYED=keyed and check_tags,
         # float32 in, float32 math: keep GPU tl.dot off TF32; other dtypes take the default
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         enable_fp_fusion=_FP_FUSION,

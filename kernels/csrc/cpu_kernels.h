@@ -22,7 +22,7 @@ void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 // decode_plan_cpu.cpp: (pages, blocked, violations, foreign or undefined, empty rows)
 std::vector<torch::Tensor> plan_tags(torch::Tensor block_table, torch::Tensor expected, torch::Tensor seq_lens,
                                      torch::Tensor token_writer, int64_t num_pages_seq, bool check_tags,
-                                     bool mask_foreign);
+                                     bool mask_foreign, torch::Tensor page_keys, torch::Tensor expected_keys);
 
 // block_digest_cpu.cpp: uint64 [n], one digest per block of rows (a uint8 [blocks, rows, segments, bytes] view)
 torch::Tensor block_digest(torch::Tensor rows, torch::Tensor block_ids, torch::Tensor valid_rows);

@@ -5,8 +5,11 @@
 // readable only if the reader itself wrote it in the epoch of its grant (its writer tag
 // equals the row's expected tag for that page column). A needed slot with another tag is
 // foreign; one that nobody wrote since its scrub (NO_WRITER) is unwritten; both are counted,
-// and masked unless mask_foreign is off (the detector without the defence). In torch that
-// is about twenty small ops per step; here it is one pass over the slots the step needs.
+// and masked unless mask_foreign is off (the detector without the defence). A page shared
+// through the prefix cache is readable only when its prefix key (page_keys[page]) equals the
+// key the row computed from its own tokens and salt (expected_keys[b, j]); empty key tensors
+// mean no page is keyed. In torch that is about twenty small ops per step; here it is one
+// pass over the slots the step needs.
 #include "cpu_kernels.h"
 
 #include <algorithm>
@@ -17,7 +20,7 @@ constexpr int64_t NO_WRITER = -1;  // engine.wire.page_tags.NO_WRITER (a test ch
 
 std::vector<torch::Tensor> plan_tags(torch::Tensor block_table, torch::Tensor expected, torch::Tensor seq_lens,
                                      torch::Tensor token_writer, int64_t num_pages_seq, bool check_tags,
-                                     bool mask_foreign) {
+                                     bool mask_foreign, torch::Tensor page_keys, torch::Tensor expected_keys) {
   TORCH_CHECK(block_table.device().is_cpu() && seq_lens.device().is_cpu(),
               "block_table and seq_lens must be on the CPU");
   block_table = block_table.to(torch::kInt64).contiguous();
@@ -32,6 +35,17 @@ std::vector<torch::Tensor> plan_tags(torch::Tensor block_table, torch::Tensor ex
   TORCH_CHECK(P <= W, "the step needs ", P, " pages per row but block_table has ", W);
   TORCH_CHECK(expected.sizes() == block_table.sizes(), "expected_tags must match block_table");
   TORCH_CHECK(seq_lens.numel() == B, "seq_lens must be [", B, "]");
+  const bool keyed = page_keys.numel() > 0;
+  if (keyed) {
+    check_tensor(page_keys, torch::kInt64, "page_keys");
+    check_tensor(expected_keys, torch::kInt64, "expected_keys");
+    page_keys = page_keys.contiguous();
+    expected_keys = expected_keys.contiguous();
+    TORCH_CHECK(page_keys.numel() == num_pages, "page_keys must be [", num_pages, "]");
+    TORCH_CHECK(expected_keys.sizes() == block_table.sizes(), "expected_keys must match block_table");
+  }
+  const int64_t* pk = keyed ? page_keys.data_ptr<int64_t>() : nullptr;
+  const int64_t* ek = keyed ? expected_keys.data_ptr<int64_t>() : nullptr;
   auto pages = torch::zeros({B, P}, torch::kInt64);
   auto blocked = torch::empty({B, T}, torch::kBool);
   auto violations = torch::zeros({B, 2}, torch::kInt32);
@@ -57,10 +71,11 @@ std::vector<torch::Tensor> plan_tags(torch::Tensor block_table, torch::Tensor ex
       pg[b * P + j] = page;
       const int64_t* tags = tw + page * PS;
       const int64_t mine_tag = ex[b * W + j];
+      const bool key_ok = !keyed || pk[page] == ek[b * W + j];
       for (int64_t s = 0; s < PS; ++s) {
         const int64_t t = j * PS + s;
         bool attend = s < needed;
-        if (attend && check_tags && tags[s] != mine_tag) {
+        if (attend && check_tags && (tags[s] != mine_tag || !key_ok)) {
           const bool unwritten = tags[s] == NO_WRITER;
           n_unwritten += unwritten;
           n_foreign += !unwritten;

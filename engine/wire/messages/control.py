@@ -89,6 +89,9 @@ class Submit(Operator, kw_only=True, tag="submit"):
 
     request_id: Annotated[str, msgspec.Meta(max_length=128)] | None = None  # None: the engine names it r<slot>
     tenant: Annotated[str, msgspec.Meta(max_length=64)] = "default"
+    # the prefix cache's salt, as vLLM's API takes it: only requests with the same salt share
+    # cached pages; None: the tenant is the salt (under [prefix_cache] scope = "tenant")
+    cache_salt: Annotated[str, msgspec.Meta(max_length=256)] | None = None
     data_tier: Annotated[str, msgspec.Meta(max_length=64)] | None = None
     # the client behind this connection (the HTTP front names its peer): a turn of its own in
     # the queue, within this connection's turn

@@ -47,6 +47,7 @@ class Done(ClientEvent, kw_only=True, tag="done"):
     ttft_s: float | None
     elapsed_s: float
     prompt_len: int
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     decode_worker: str | None
     prefill_worker: str | None
 
