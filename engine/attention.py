@@ -91,12 +91,55 @@ class PagedPrefillAttention(DenseCausalAttention):
         return super().attend(layer, q, k, v)
 
 
+class PagedPrefixPrefillAttention(PagedPrefillAttention):
+    """A prefill whose leading prompt pages came from the prefix cache: each sequence computes
+    only its suffix, whose queries attend the cached prefix (read from the pool, token slots
+    the caller checked against I1) and then, causally, the suffix itself."""
+
+    def __init__(self, pool, kernels: KernelSet, seq_lens: list[int], slot_mapping, writer_tags,
+                 starts: list[int], prefix_slots: list[torch.Tensor | None]):
+        super().__init__(pool, kernels, seq_lens, slot_mapping, writer_tags)
+        self.pool = pool
+        self.starts, self.prefix_slots = starts, prefix_slots
+        self._masks: dict[tuple[int, int], torch.Tensor] = {}
+
+    def attend(self, layer, q, k, v):
+        self.kv.write(layer, k, v)
+        ps = self.pool.page_size
+        k_cache, v_cache = self.pool.k_cache(layer), self.pool.v_cache(layer)
+        group = q.shape[1] // k.shape[1]
+        out = torch.empty_like(q)
+        for (start, end), cached, slots in zip(self.bounds, self.starts, self.prefix_slots):
+            ks, vs = k[start:end], v[start:end]
+            if cached:
+                pages, offsets = slots // ps, slots % ps
+                ks = torch.cat([k_cache[pages, offsets], ks])
+                vs = torch.cat([v_cache[pages, offsets], vs])
+            qs = q[start:end].transpose(0, 1)
+            ks = ks.transpose(0, 1).repeat_interleave(group, dim=0)
+            vs = vs.transpose(0, 1).repeat_interleave(group, dim=0)
+            mask = self._mask(end - start, cached, q.device) if cached else None
+            out[start:end] = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask,
+                                                            is_causal=not cached).transpose(0, 1)
+        return out
+
+    def _mask(self, n: int, cached: int, device) -> torch.Tensor:
+        """[n, cached + n] bool: suffix query i sees every cached token and suffix tokens <= i."""
+        key = (n, cached)
+        if key not in self._masks:
+            row = torch.arange(n, device=device)[:, None]
+            col = torch.arange(cached + n, device=device)[None, :]
+            self._masks[key] = col <= row + cached
+        return self._masks[key]
+
+
 class PagedDecodeAttention:
     """One new token per sequence; q is [B, H, D]."""
 
     def __init__(
         self, pool, kernels: KernelSet, *, block_table, expected_tags, seq_lens,
         slot_mapping, writer_tags, check_tags: bool, mask_foreign: bool = True, want_mask: bool = False,
+        page_keys=None, expected_keys=None,
     ):
         """check_tags: count token slots that fail I1 (the detector). mask_foreign: also keep
         them out of attention (the defence). want_mask: keep which tokens were attended
@@ -107,6 +150,8 @@ class PagedDecodeAttention:
         self.block_table, self.expected_tags, self.seq_lens = block_table, expected_tags, seq_lens
         self.check_tags = check_tags
         self.mask_foreign = mask_foreign
+        # the prefix keys of shared pages (pool [num_pages], table [B, P]); None: none is keyed
+        self.page_keys, self.expected_keys = page_keys, expected_keys
         self.want_mask = want_mask
         self.attended = None
         self._counted = None
@@ -126,6 +171,7 @@ class PagedDecodeAttention:
                 self.plan = kernels.plan_decode(
                     self.block_table, self.expected_tags, self.seq_lens, pool.token_writer,
                     pool.page_size, self.check_tags, self.mask_foreign,
+                    page_keys=self.page_keys, expected_keys=self.expected_keys,
                 )
                 self.violations = self.plan.violations
                 if self.want_mask:
@@ -136,7 +182,8 @@ class PagedDecodeAttention:
             from kernels.paged_attention_ref import plan_decode
 
             plan = plan_decode(self.block_table, self.expected_tags, self.seq_lens, pool.token_writer,
-                               pool.page_size, self.check_tags, self.mask_foreign)
+                               pool.page_size, self.check_tags, self.mask_foreign,
+                               page_keys=self.page_keys, expected_keys=self.expected_keys)
             self.attended = ~plan.blocked[:, :, 0, 0]
             self._counted = plan.violations
         # Every layer sees the same tags, so each call recounts the same violations.
@@ -145,6 +192,7 @@ class PagedDecodeAttention:
             q, k_cache, v_cache, self.block_table, self.expected_tags, self.seq_lens,
             pool.token_writer, scale=scale, check_tags=masking,
             out=self.out, violations=self._kernel_violations,
+            page_keys=self.page_keys, expected_keys=self.expected_keys,
         )
         self.violations = self._counted if self._counted is not None else counted
         return out

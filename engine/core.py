@@ -20,12 +20,14 @@ from engine.errors import ConfigError, InvalidRequest, OwnershipViolation, Sampl
 from engine.isolate import each_alone
 from engine.kv.page_pool import PageLayout, PagePool
 from engine.kv.page_table import PageTable
+from engine.kv.prefix_cache import PrefixCache
+from engine.kv.prefix_keys import chain_keys, content_identities, reusable_pages, salt_of
 from engine.model.load import LoadedModel, load_model
 from engine.model_runner import ModelRunner
 from engine.request import Request, RequestOutput, RequestState, SamplingParams
 from engine.sampling import sample_next
 from engine.scheduler import Scheduler
-from engine.wire.page_tags import NO_WRITER, PageState, unpack_tag
+from engine.wire.page_tags import NO_WRITER, SHARED_OWNER, PageState, unpack_tag
 from kernels.backend import select_kernels
 
 
@@ -102,7 +104,12 @@ class Engine:
         self.runner = ModelRunner(
             self.model.decoder, self.pool, self.kernels, check_writer_tags=config.defences.writer_tag_check
         )
-        self.scheduler = Scheduler(self.pool, max_batch=eng.max_batch, max_prefill_tokens=eng.max_prefill_tokens)
+        self.runner.write_into_shared = config.faults.shared_page_written
+        # full prompt pages shared between requests of the same salt (None: the scope is "off")
+        self.cache = (PrefixCache(self.pool, salt_ignored=config.faults.salt_ignored)
+                      if config.prefix_cache.scope != "off" else None)
+        self.scheduler = Scheduler(self.pool, max_batch=eng.max_batch, max_prefill_tokens=eng.max_prefill_tokens,
+                                   table_for=self.table_for, release_table=self.release_table)
         self.counters = EngineCounters()
         self.requests: dict[str, Request] = {}
         self._slots = itertools.count(1)
@@ -113,7 +120,7 @@ class Engine:
     # ---- requests -------------------------------------------------------------------
     def submit(
         self, prompt_ids: list[int], params: SamplingParams | None = None, *,
-        request_id: str | None = None, tenant: str = "default",
+        request_id: str | None = None, tenant: str = "default", cache_salt: str | None = None,
     ) -> Request:
         """Validate and admit a request (I2). Raises InvalidRequest or AdmissionRejected,
         in which case nothing was allocated and the engine state is unchanged."""
@@ -136,17 +143,50 @@ class Engine:
         except Exception:
             self.counters.rejected += 1
             raise
-        request = Request(request_id, prompt, params, tenant=tenant, slot=slot)
+        request = Request(request_id, prompt, params, tenant=tenant, slot=slot,
+                          salt=self.salt_for(tenant, cache_salt))
         self.requests[request_id] = request
         self.scheduler.add(request)
         return request
 
+    def salt_for(self, tenant: str, cache_salt: str | None) -> str | None:
+        """The salt a request's prefix keys are rooted in (None: its pages are never shared)."""
+        return salt_of(self.config.prefix_cache.scope, tenant, cache_salt)
+
+    def table_for(self, request: Request) -> PageTable:
+        """Pages for `request`'s whole length: those of its prompt's leading full pages the
+        prefix cache holds under its salt, then its own. Raises PoolExhausted, taking
+        nothing, when its own do not fit (idle cached pages are evicted first)."""
+        ps = self.pool.page_size
+        total = self.pool.pages_for_tokens(request.total_tokens)
+        if self.cache is None or request.salt is None:
+            return PageTable.from_grant(request.slot, ps, self.pool.allocate(request.slot, total))
+        full = request.prompt_len // ps
+        keys = chain_keys(request.prompt_ids, ps, request.salt, full)
+        table = self.cache.allocate_with_prefix(request.slot, request.prompt_ids, request.salt, total,
+                                                reusable_pages(request.prompt_len, ps), keys)
+        if self.pool.provenance is not None:
+            table.truth = content_identities(request.prompt_ids, ps, request.salt, full)
+        request.cached_tokens = int(table.shared.sum()) * ps if table.shared is not None else 0
+        return table
+
+    def release_table(self, table: PageTable):
+        """Give a finished request's pages back; returns those it named but did not own."""
+        if self.cache is None:
+            return self.pool.release(table.slot, table.pages)
+        return self.cache.release(table)
+
+    def offer_prompt(self, request: Request) -> None:
+        """Its full prompt pages are written: offer them to the prefix cache."""
+        if self.cache is not None and request.salt is not None and request.page_table is not None:
+            self.cache.offer(request.page_table, request.prompt_ids, request.salt,
+                             request.prompt_len // self.pool.page_size)
+
     def reserve(self, request: Request) -> None:
         """Give `request` pages for its whole length now, outside the scheduler (its prompt
-        KV will arrive by transfer). Raises PoolExhausted, allocating nothing, if they do
-        not fit."""
-        grant = self.pool.allocate(request.slot, self.pool.pages_for_tokens(request.total_tokens))
-        request.page_table = PageTable.from_grant(request.slot, self.pool.page_size, grant)
+        KV will arrive by transfer, except the pages the prefix cache holds). Raises
+        PoolExhausted, allocating nothing, if they do not fit."""
+        request.page_table = self.table_for(request)
         self.requests[request.request_id] = request
 
     def adopt(self, request_id: str, first_token: int) -> list[RequestOutput]:
@@ -176,16 +216,39 @@ class Engine:
         outputs: list[RequestOutput] = []
         def fail(req: Request, error) -> None:
             self._fail_request(req, error, outputs)
-        for batch, logits in each_alone(self.runner.prefill, plan.prefill, fail, "prefill"):
+        for batch, logits in each_alone(self.runner.prefill, self._checked_prefixes(plan.prefill, outputs),
+                                        fail, "prefill"):
             for req in batch:
                 written = req.page_table.pages[: self.pool.pages_for_tokens(req.prompt_len)]
-                self.pool.set_state(req.slot, written, PageState.WRITTEN)
-            self.counters.prefill_tokens += sum(r.prompt_len for r in batch)
+                self.pool.set_state(req.slot, written[self.pool.owner[written] == req.slot], PageState.WRITTEN)
+                self.offer_prompt(req)
+            self.counters.prefill_tokens += sum(r.prompt_len - r.cached_tokens for r in batch)
             self._emit(batch, sample_next(logits, batch, self._generators), outputs)
         for batch, result in each_alone(self.runner.decode, plan.decode, fail, "decode step"):
             self._decoded(batch, result, outputs)
         self.counters.steps += 1
         return outputs
+
+    def _checked_prefixes(self, requests: list[Request], outputs: list[RequestOutput]) -> list[Request]:
+        """I1 over each cached prefix a prefill is about to attend. A request whose prefix
+        fails it is aborted before it reads it (the defence on) or reported (off); a prefix
+        it goes on to read is recorded in the provenance audit."""
+        prevent = self.runner.check_writer_tags and self.config.engine.ownership_policy == "abort"
+        go = []
+        for req in requests:
+            if req.cached_tokens:
+                foreign, unwritten, _ = self.runner.prefix_violations(req)
+                counts = IsolationCounts(foreign, unwritten, 0)
+                if counts and prevent:
+                    self._fail_ownership(req, counts, outputs, upto=req.cached_tokens)
+                    continue
+                if counts:
+                    self._report_ownership(req, counts, (), prevented=False, upto=req.cached_tokens)
+                reads = self.runner.prefix_cross_reads(req)
+                if len(reads):
+                    self._record_cross_reads(req, reads)
+            go.append(req)
+        return go
 
     def _decoded(self, batch: list[Request], result, outputs: list[RequestOutput]) -> None:
         """One decode step's result for `batch`: I1's verdict per request, then its token."""
@@ -273,8 +336,9 @@ class Engine:
                             "pool": self.pool.name, "reads": [[int(p), int(s)] for p, s in reads],
                             "time": time.time()})
 
-    def _report_ownership(self, req: Request, counts: IsolationCounts, foreign, *, prevented: bool) -> list[dict]:
-        pages = self.ownership_report(req, foreign)
+    def _report_ownership(self, req: Request, counts: IsolationCounts, foreign, *, prevented: bool,
+                          upto: int | None = None) -> list[dict]:
+        pages = self.ownership_report(req, foreign, upto)
         self.counters.ownership_violations += counts.foreign + counts.unwritten + counts.stale_pages
         event = {"kind": "ownership_violation", "request": req.request_id, "slot": req.slot,
                  "pool": self.pool.name, "pages": pages, "prevented": prevented,
@@ -285,11 +349,14 @@ class Engine:
         self.events.append(event)
         return pages
 
-    def _fail_ownership(self, req: Request, counts: IsolationCounts, outputs: list[RequestOutput], foreign=()) -> None:
-        pages = self._report_ownership(req, counts, foreign, prevented=True)
+    def _fail_ownership(self, req: Request, counts: IsolationCounts, outputs: list[RequestOutput], foreign=(),
+                        upto: int | None = None) -> None:
+        pages = self._report_ownership(req, counts, foreign, prevented=True, upto=upto)
         own = [p["page"] for p in pages if p["owner"] == req.slot]
         if own:
             self.pool.set_state(req.slot, own, PageState.QUARANTINED)  # held as evidence, then scrubbed
+        if self.cache is not None:  # a shared page that failed: nobody new may take it
+            self.cache.withdraw([p["page"] for p in pages if p["owner"] == SHARED_OWNER])
         first = pages[0] if pages else {"page": "?", "writer": None, "expected": None}
         error = OwnershipViolation(
             f"request {req.request_id} (slot {req.slot}) met {counts.describe()}; first: page "
@@ -300,12 +367,12 @@ class Engine:
         )
         self._fail_request(req, error, outputs)
 
-    def ownership_report(self, req: Request, foreign=()) -> list[dict]:
+    def ownership_report(self, req: Request, foreign=(), upto: int | None = None) -> list[dict]:
         """The pages of `req`'s context holding token slots it needed that fail I1 (another
         writer's, or nobody's this epoch), and those of `foreign` (its table's pages the pool
         says are not its own). Each names the page's writers of the failing slots."""
         table, ps = req.page_table, self.pool.page_size
-        seq_len = req.num_tokens
+        seq_len = req.num_tokens if upto is None else upto  # upto: only the first tokens were read
         n = self.pool.pages_for_tokens(seq_len)
         pages = table.pages[:n]
         index = torch.from_numpy(pages.astype(np.int64)).to(self.pool.device)
@@ -313,12 +380,14 @@ class Engine:
         writer = self.pool.writer[index].cpu().numpy()
         filled = self.pool.filled[index].cpu().numpy()
         expected = table.expected_tags()[:n]
+        # a shared page whose key is not the one this request computed fails whole
+        wrong_key = self.pool.page_key[index].cpu().numpy() != table.expected_keys()[:n]
         report = []
         foreign = set(int(p) for p in foreign)
         for j, page in enumerate(pages):
             needed = min(ps, seq_len - j * ps)
             slot_tags = tags[j, :needed]
-            failing = slot_tags[slot_tags != expected[j]]
+            failing = slot_tags if wrong_key[j] else slot_tags[slot_tags != expected[j]]
             if len(failing) or int(page) in foreign:
                 others = [int(t) for t in np.unique(failing) if t != NO_WRITER]
                 report.append({

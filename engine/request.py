@@ -61,6 +61,10 @@ class Request:
     params: SamplingParams
     tenant: str = "default"
     slot: int = -1
+    # the root of its prefix keys (engine/kv/prefix_keys.salt_of): None when its pages are
+    # never shared (the prefix cache is off)
+    salt: str | None = None
+    cached_tokens: int = 0  # leading prompt tokens whose K/V came from the prefix cache
     state: RequestState = RequestState.WAITING
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "length", "eos", "stop", or an error code

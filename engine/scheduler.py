@@ -11,8 +11,10 @@ pages at once.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.errors import PoolExhausted
 from engine.kv.page_pool import PagePool
 from engine.kv.page_table import PageTable
 from engine.request import Request, RequestState
@@ -29,8 +31,15 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, pool: PagePool, *, max_batch: int, max_prefill_tokens: int):
+    def __init__(self, pool: PagePool, *, max_batch: int, max_prefill_tokens: int,
+                 table_for: Callable[[Request], PageTable] | None = None,
+                 release_table: Callable[[PageTable], object] | None = None):
+        """table_for(request): its page table for its whole length, raising PoolExhausted
+        (taking nothing) when it does not fit; release_table(table): give its pages back,
+        returning the pages it named but did not own. Default: plain pool grants."""
         self.pool = pool
+        self.table_for = table_for or self._grant
+        self.release_table = release_table or (lambda table: pool.release(table.slot, table.pages))
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens
         self.waiting: deque[Request] = deque()
@@ -53,11 +62,10 @@ class Scheduler:
             # The budget bounds a step's prefill work but never starves a long prompt.
             if step.prefill and request.prompt_len > budget:
                 break
-            pages = self.pool.pages_for_tokens(request.total_tokens)
-            if pages > self.pool.free_pages:
+            try:
+                request.page_table = self.table_for(request)
+            except PoolExhausted:
                 break  # first come, first served: later requests do not overtake it
-            grant = self.pool.allocate(request.slot, pages)
-            request.page_table = PageTable.from_grant(request.slot, self.pool.page_size, grant)
             request.state = RequestState.RUNNING
             self.waiting.popleft()
             self.running.append(request)
@@ -73,5 +81,9 @@ class Scheduler:
             self.waiting.remove(request)
         if request.page_table is not None:
             # a stale table may name pages that are no longer this request's: free only its own
-            self.stray_pages += len(self.pool.release(request.slot, request.page_table.pages))
+            self.stray_pages += len(self.release_table(request.page_table))
             request.page_table = None
+
+    def _grant(self, request: Request) -> PageTable:
+        grant = self.pool.allocate(request.slot, self.pool.pages_for_tokens(request.total_tokens))
+        return PageTable.from_grant(request.slot, self.pool.page_size, grant)

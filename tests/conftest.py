@@ -57,12 +57,12 @@ def make_engine(tiny_model):
     from engine.core import Engine
 
     def make(*, prefill_pages: int = 256, decode_pages: int = 256, defences=None, faults=None,
-             **engine_keys) -> Engine:
+             prefix_cache: str = "tenant", **engine_keys) -> Engine:
         config = EngineConfig().replace(
             model={"device": "cpu", "dtype": "float32"},
             engine={"kernels": "torch", **engine_keys},
             pools={"prefill": {"pages": prefill_pages}, "decode": {"pages": decode_pages}},
-            defences=defences or {}, faults=faults or {},
+            defences=defences or {}, faults=faults or {}, prefix_cache={"scope": prefix_cache},
         )
         return Engine(config, tiny_model)
 

@@ -127,30 +127,35 @@ def _longest_piece(secret: str, text: str) -> str:
 
 
 def run_workload(client, work: list[dict], alive=lambda: None) -> list[dict]:
-    """Submit everything at once (concurrency is what the faults need); wait for every end.
-    Returns each request's last message (`done` or `error` header), in order. A dead engine
-    is reported within POLL_S; a live one that stops answering, after the client's timeout."""
-    streams = [client.submit(stream=False, **{k: v for k, v in fields.items() if k != "marker"})
-               for fields in work]
+    """Submit everything at once (concurrency is what the faults need), or wave by wave where
+    the work names waves (`wave`: a later wave starts when the one before has ended, e.g. to
+    find what it cached); wait for every end. Returns each request's last message (`done` or
+    `error` header), in order. A dead engine is reported within POLL_S; a live one that stops
+    answering, after the client's timeout."""
     ends = []
-    for stream in streams:
-        rid, quiet = None, 0.0
-        while True:
-            try:
-                msg = client.recv_for(stream, POLL_S)
-            except TimeoutError:
-                alive()
-                quiet += POLL_S
-                if quiet >= client.timeout_s:
-                    raise TimeoutError(f"request {rid or '(not accepted yet)'} got no answer within "
-                                       f"{client.timeout_s:.0f} s while the engine is running") from None
-                continue
-            quiet = 0.0
-            rid = msg.get("request_id") or rid
-            if msg.op in ("done", "error"):
-                ends.append({**msg.header, "request_id": rid})
-                break
+    for wave in sorted({fields.get("wave", 0) for fields in work}):
+        streams = [client.submit(stream=False, **{k: v for k, v in fields.items() if k not in ("marker", "wave")})
+                   for fields in work if fields.get("wave", 0) == wave]
+        ends += [_wait_end(client, stream, alive) for stream in streams]
     return ends
+
+
+def _wait_end(client, stream, alive) -> dict:
+    rid, quiet = None, 0.0
+    while True:
+        try:
+            msg = client.recv_for(stream, POLL_S)
+        except TimeoutError:
+            alive()
+            quiet += POLL_S
+            if quiet >= client.timeout_s:
+                raise TimeoutError(f"request {rid or '(not accepted yet)'} got no answer within "
+                                   f"{client.timeout_s:.0f} s while the engine is running") from None
+            continue
+        quiet = 0.0
+        rid = msg.get("request_id") or rid
+        if msg.op in ("done", "error"):
+            return {**msg.header, "request_id": rid}
 
 
 def _fault_touched(scenario: Scenario, fields: dict) -> bool:

@@ -87,7 +87,24 @@ def thousands(rng: random.Random, scale: float) -> list[dict]:
     return ordinary(rng, max(20, int(2000 * scale)), longest=200)
 
 
-WORKLOADS = {"steady": steady, "incident": incident_workload, "thousands": thousands}  # Staging.workload
+def shared_prefix(rng: random.Random, scale: float) -> list[dict]:
+    """Three tenants send requests that open with the same long system text (about 12 pages),
+    then a marker of their own: under [prefix_cache] scope = "tenant" each tenant shares the
+    system pages among its own requests only. Sent in two waves, so that the second finds
+    what the first cached."""
+    system = " ".join("".join(rng.choice(ALNUM) for _ in range(rng.randrange(3, 12))) for _ in range(40))[:190]
+    work = []
+    for _ in range(max(6, int(24 * scale))):
+        secret = marker(rng)
+        text = f"{system} {secret} " + " ".join(secret for _ in range(3))
+        work.append({"prompt_ids": [BOS, *PROMPT_FORM.format(text=text).encode()], "marker": secret,
+                     "max_new_tokens": rng.randrange(4, 24), "ignore_eos": True,
+                     "tenant": rng.choice(("acme", "globex", "initech")), "wave": len(work) % 2})
+    return sorted(work, key=lambda w: w["wave"])
+
+
+WORKLOADS = {"steady": steady, "incident": incident_workload, "thousands": thousands,
+             "shared_prefix": shared_prefix}  # Staging.workload
 
 
 def fault_scenario(fault: Switch) -> Scenario:

@@ -23,7 +23,7 @@ import numpy.typing as npt
 import torch
 
 from engine.errors import ConfigError, IsolationError, PoolExhausted
-from engine.wire.page_tags import FREE_OWNER, NO_WRITER, PageState
+from engine.wire.page_tags import FREE_OWNER, NO_WRITER, SHARED_OWNER, PageState
 
 SCRUB_VALUES = {"zero": 0.0, "poison": float("nan")}
 MAX_SLOT = (1 << 31) - 1
@@ -97,6 +97,12 @@ class PagePool:
         self.token_writer = torch.full((num_pages, layout.page_size), NO_WRITER, dtype=torch.int64,
                                        device=self.device)
         self.filled = torch.zeros(num_pages, dtype=torch.int32, device=self.device)
+        # each page's prefix key: the chain hash (parent, tokens, salt) of the prompt content it
+        # holds, stamped by the code that wrote it for a full prompt page, 0 otherwise; the
+        # decode kernels let a reader attend a page only when it computed the same key itself
+        self.page_key = torch.zeros(num_pages, dtype=torch.int64, device=self.device)
+        # how many requests hold each shared page (owner SHARED_OWNER); 0 for every other page
+        self.holders: npt.NDArray[np.int32] = np.zeros(num_pages, dtype=np.int32)
         # per-layer strided views, made once: every decode step asks for them per layer
         self._k_views = [self.data[:, layer, 0] for layer in range(layout.num_layers)]
         self._v_views = [self.data[:, layer, 1] for layer in range(layout.num_layers)]
@@ -112,6 +118,11 @@ class PagePool:
         self._quarantine: list[tuple[float, int, npt.NDArray[np.int64]]] = []
         self.provenance: npt.NDArray[np.int32] | None = (
             np.full((num_pages, layout.page_size), -1, dtype=np.int32) if provenance else None)
+        # beside it, the identity of the prefix each token slot's content belongs to (prefix_keys.
+        # content_identities), 0 for content no other request may share (decoded tokens, a
+        # prompt's last partial page)
+        self.identity: npt.NDArray[np.int64] | None = (
+            np.zeros((num_pages, layout.page_size), dtype=np.int64) if provenance else None)
         # Pages whose metadata changed since the last take_dirty(), for telemetry deltas.
         # Off unless someone watches: then every metadata change appends its pages here.
         self.track_dirty = False
@@ -133,6 +144,13 @@ class PagePool:
     @property
     def used_pages(self) -> int:
         return self.num_pages - self._free_top
+
+    @property
+    def available_pages(self) -> int:
+        """Free pages plus the cached pages nobody holds, which an allocation may evict."""
+        return self._free_top + self.evictable_pages
+
+    evictable_pages = 0  # kept by the prefix cache, when there is one
 
     def peek_free(self) -> int:
         """The page the next allocate() hands out first (fault injection uses it)."""
@@ -166,7 +184,9 @@ class PagePool:
         if n:
             # Nothing of this epoch is written yet; the token tags keep the previous writers
             # (their content is still there unless scrubbed) and can never match the new epoch.
-            self.filled[self._index(pages)] = 0
+            index = self._index(pages)
+            self.filled[index] = 0
+            self.page_key[index] = 0
             self.mark_dirty(pages)
         return PageGrant(pages, self.epoch[pages].copy())
 
@@ -180,6 +200,39 @@ class PagePool:
         if not len(pages):
             return
         self._scrub(pages)
+        self.owner[pages] = FREE_OWNER
+        self.state[pages] = PageState.FREE
+        top = self._free_top
+        self._free_stack[top : top + len(pages)] = pages[::-1]
+        self._free_top = top + len(pages)
+        self.mark_dirty(pages)
+
+    def share(self, slot: int, pages: PageIds) -> None:
+        """`slot`'s written pages go to the prefix cache: owner SHARED_OWNER, held by `slot`
+        alone until others take them (holders 1). Their tags, keys and bytes stay."""
+        pages = self._validated(slot, pages, "share")
+        self.owner[pages] = SHARED_OWNER
+        self.holders[pages] = 1
+        self.state[pages] = PageState.WRITTEN
+        self.mark_dirty(pages)
+
+    def free_shared(self, pages: PageIds) -> None:
+        """The prefix cache lets go of pages nobody holds: scrubbed per policy and freed.
+        Raises IsolationError, changing nothing, for a page that is not shared or still held."""
+        ids = np.asarray(pages, dtype=np.int64).reshape(-1)
+        bad = ids[(ids < 0) | (ids >= self.num_pages)]
+        if len(bad):
+            raise IsolationError(f"pool {self.name!r} has no page {int(bad[0])} to free from the prefix cache")
+        wrong = ids[(self.owner[ids] != SHARED_OWNER) | (self.holders[ids] != 0)]
+        if len(wrong):
+            page = int(wrong[0])
+            raise IsolationError(f"page {page} of pool {self.name!r} cannot leave the prefix cache: owner "
+                                 f"{int(self.owner[page])}, {int(self.holders[page])} holder(s)")
+        pages = ids.astype(np.int32)
+        if not len(pages):
+            return
+        self._scrub(pages)
+        self.page_key[self._index(pages)] = 0
         self.owner[pages] = FREE_OWNER
         self.state[pages] = PageState.FREE
         top = self._free_top
@@ -214,10 +267,14 @@ class PagePool:
         return sum(len(p) for _, _, p in due)
 
     def record_content(self, flat_slots: npt.NDArray[np.integer[Any]],
-                       writer_slots: npt.NDArray[np.integer[Any]]) -> None:
-        """Provenance: the token slots (page * page_size + offset) now hold `writer_slots`' data."""
-        if self.provenance is not None and len(flat_slots):
-            self.provenance.reshape(-1)[np.asarray(flat_slots, dtype=np.int64)] = writer_slots
+                       writer_slots: npt.NDArray[np.integer[Any]],
+                       identities: npt.NDArray[np.int64] | int = 0) -> None:
+        """Provenance: the token slots (page * page_size + offset) now hold `writer_slots`' data,
+        of the prefix `identities` (0: content of no shared prefix)."""
+        if self.provenance is not None and self.identity is not None and len(flat_slots):
+            flat = np.asarray(flat_slots, dtype=np.int64)
+            self.provenance.reshape(-1)[flat] = writer_slots
+            self.identity.reshape(-1)[flat] = identities
 
     def set_state(self, slot: int, pages: PageIds, state: PageState) -> None:
         """Move `slot`'s own pages to RESERVED / IN_FLIGHT / WRITTEN / QUARANTINED."""
@@ -257,7 +314,16 @@ class PagePool:
             "writer": self.writer.cpu().numpy().copy(),
             "filled": self.filled.cpu().numpy().copy(),
             "state": self.state.copy(),
+            "refs": self.refs(),
         }
+
+    def refs(self, index: npt.NDArray[np.int32] | None = None) -> npt.NDArray[np.int32]:
+        """How many requests hold each page (all, or `index`), as the wire's optional `refs`
+        carries it: the count for a shared page, 1 for a page a request owns, 0 when free."""
+        owner = self.owner if index is None else self.owner[index]
+        state = self.state if index is None else self.state[index]
+        holders = self.holders if index is None else self.holders[index]
+        return np.where(owner == SHARED_OWNER, holders, (state != PageState.FREE).astype(np.int32)).astype(np.int32)
 
     # ---- internals -------------------------------------------------------------------
     def _index(self, pages: npt.NDArray[np.int32]) -> torch.Tensor:
@@ -300,8 +366,9 @@ class PagePool:
             self._scrub_fn(self.data, index, SCRUB_VALUES[policy])
             self.token_writer.index_fill_(0, index, NO_WRITER)  # nothing written since the scrub
             self.scrubbed_pages += len(pages)
-            if self.provenance is not None:
+            if self.provenance is not None and self.identity is not None:
                 self.provenance[pages] = -1
+                self.identity[pages] = 0
 
 
 def _check_slot(slot: int) -> None:

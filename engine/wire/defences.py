@@ -59,6 +59,19 @@ FAULTS = (
            "prefill sends one page fewer than its manifest says"),
     Switch("stale_block_table", "I1", "stale block table entry",
            "a decode page table names the page the pool hands out next"),
+    Switch("salt_ignored", "I1", "prefix cache ignores the salt (vllm#44701, sglang#37160)",
+           "the prefix cache matches on tokens only: a tenant is served another tenant's cached pages",
+           Staging(scenario="salt-ignored",
+                   story="tenants send the same long system prompt, each salted by its tenant; the prefix cache "
+                         "matches on tokens only, so one tenant's requests read pages another tenant's request "
+                         "wrote (the timing side channel of InputSnatch and PROMPTPEEK, here with the data)",
+                   workload="shared_prefix")),
+    Switch("shared_page_written", "I1", "a request writes into a page it shares",
+           "decode writes a request's first new token into the last prompt page it shares through the cache",
+           Staging(scenario="shared-page-written",
+                   story="requests of one tenant share a cached system prompt; each writes its first new token "
+                         "into the last shared page instead of a page of its own, and the other holders read it",
+                   workload="shared_prefix")),
 )
 
 DEFENCE_NAMES = tuple(d.name for d in DEFENCES)

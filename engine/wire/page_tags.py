@@ -14,6 +14,9 @@ import numpy as np
 import numpy.typing as npt
 
 FREE_OWNER = -1
+# the owner of a page the prefix cache holds: shared read-only by the requests that hold it
+# (the pool's `holders`), written by none of them; its writer tag stays its original writer's
+SHARED_OWNER = -2
 NO_WRITER = -1
 _EPOCH_MASK = 0xFFFFFFFF
 

@@ -66,6 +66,7 @@ class PageTelemetry:
         subset = {
             "owner": pool.owner[index], "epoch": pool.epoch[index], "state": pool.state[index],
             "writer": pool.writer[idx].cpu().numpy(), "filled": pool.filled[idx].cpu().numpy(),
+            "refs": pool.refs(index),
         }
         return {"index": index.astype(np.int32), **page_arrays(subset)}
 
@@ -76,3 +77,4 @@ class PageTelemetry:
             "num_pages": self.pool.num_pages, "page_size": self.pool.page_size, "time": time.time(),
         }
         return header, arrays
+

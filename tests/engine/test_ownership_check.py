@@ -37,7 +37,7 @@ def _misdirected_write(engine, page: int, by_slot: int, epoch: int) -> None:
 
 
 def test_foreign_writer_aborts_the_reader_and_quarantines_the_page(make_engine):
-    engine = make_engine()
+    engine = make_engine(prefix_cache="off")  # its prompt pages stay its own (shared ones: test_prefix_cache)
     a, b = _start_two(engine)
     victim_page = int(a.page_table.pages[1])
     tokens_before = len(a.output_ids)

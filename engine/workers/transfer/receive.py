@@ -220,6 +220,8 @@ class TransferReceiver:
         if table is None or not len(pages):
             return
         table[pages] = prov if prov is not None else t.res.slot
+        if getattr(self.pool, "identity", None) is not None:
+            self.pool.identity[pages] = 0  # whose prefix it is: the decode worker says, once complete
 
     def _parse(self, frames) -> tuple[dict, str, int, str]:
         if not isinstance(frames, (list, tuple)) or not frames:
