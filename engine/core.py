@@ -153,18 +153,20 @@ class Engine:
         """The salt a request's prefix keys are rooted in (None: its pages are never shared)."""
         return salt_of(self.config.prefix_cache.scope, tenant, cache_salt)
 
-    def table_for(self, request: Request) -> PageTable:
-        """Pages for `request`'s whole length: those of its prompt's leading full pages the
-        prefix cache holds under its salt, then its own. Raises PoolExhausted, taking
-        nothing, when its own do not fit (idle cached pages are evicted first)."""
+    def table_for(self, request: Request, *, tokens: int | None = None, reuse: int | None = None) -> PageTable:
+        """Pages for `tokens` of `request` (default its whole length): those of its prompt's
+        leading full pages the prefix cache holds under its salt (at most `reuse` of them),
+        then its own. Raises PoolExhausted, taking nothing, when its own do not fit (idle
+        cached pages are evicted first)."""
         ps = self.pool.page_size
-        total = self.pool.pages_for_tokens(request.total_tokens)
+        total = self.pool.pages_for_tokens(request.total_tokens if tokens is None else tokens)
         if self.cache is None or request.salt is None:
             return PageTable.from_grant(request.slot, ps, self.pool.allocate(request.slot, total))
         full = request.prompt_len // ps
         keys = chain_keys(request.prompt_ids, ps, request.salt, full)
+        reusable = reusable_pages(request.prompt_len, ps)
         table = self.cache.allocate_with_prefix(request.slot, request.prompt_ids, request.salt, total,
-                                                reusable_pages(request.prompt_len, ps), keys)
+                                                reusable if reuse is None else min(reuse, reusable), keys)
         if self.pool.provenance is not None:
             table.truth = content_identities(request.prompt_ids, ps, request.salt, full)
         request.cached_tokens = int(table.shared.sum()) * ps if table.shared is not None else 0
@@ -181,6 +183,23 @@ class Engine:
         if self.cache is not None and request.salt is not None and request.page_table is not None:
             self.cache.offer(request.page_table, request.prompt_ids, request.salt,
                              request.prompt_len // self.pool.page_size)
+
+    def prompt_arrived(self, request: Request) -> None:
+        """A reserved request's prompt pages came by transfer and were verified: the prefix keys
+        (its own, computed here) and the audit's identities go beside the full ones, which are
+        then offered to the prefix cache."""
+        table, ps = request.page_table, self.pool.page_size
+        columns = np.arange(request.cached_tokens // ps, request.prompt_len // ps)
+        if table is None or not len(columns):
+            return
+        pages = table.pages[columns]
+        if table.keys is not None:
+            index = torch.from_numpy(pages.astype(np.int64)).to(self.pool.device)
+            self.pool.page_key[index] = torch.from_numpy(table.keys[columns]).to(self.pool.device)
+        if self.pool.identity is not None and self.pool.provenance is not None and table.truth is not None:
+            own = self.pool.provenance[pages] == request.slot  # content that came from elsewhere stays unnamed
+            self.pool.identity[pages] = np.where(own, table.truth[columns][:, None], 0)
+        self.offer_prompt(request)
 
     def reserve(self, request: Request) -> None:
         """Give `request` pages for its whole length now, outside the scheduler (its prompt

@@ -27,6 +27,8 @@ class RequestRecord:
     decode_worker: str | None = None
     prefill_worker: str | None = None
     reservation: dict[str, Any] | None = None  # Reservation.to_wire(), from its decode worker
+    cache_salt: str | None = None  # the prefix cache's salt it gave (never published)
+    cached_tokens: int = 0  # prompt tokens its decode worker had in its prefix cache
     output_ids: list[int] = field(default_factory=list)
     text: TextStream | None = None  # its output text, piece by piece (the supervisor's tokenizer)
     arrival: float = field(default_factory=time.monotonic)

@@ -88,12 +88,13 @@ class RequestRoute:
             prefill_room -= 1
             self.outbox.to_worker(worker, to_worker.Reserve(request_id=rec.request_id, slot=rec.slot,
                                                             prompt_ids=rec.prompt_ids, params=rec.params,
-                                                            tenant=rec.tenant))
+                                                            tenant=rec.tenant, cache_salt=rec.cache_salt))
             self.audit.record(rec.request_id, "reserve_sent", worker=worker.name)
             self.publish(rec)
         self.dispatch_prefill()
 
-    def reserved(self, worker: WorkerHandle, request_id: str, reservation: dict[str, Any], pages: int) -> None:
+    def reserved(self, worker: WorkerHandle, request_id: str, reservation: dict[str, Any], pages: int,
+                 cached_tokens: int = 0) -> None:
         rec = self.book.get(request_id)
         self.book.answered(request_id)
         if rec is None or rec.done or rec.cancel_requested:
@@ -102,6 +103,7 @@ class RequestRoute:
             return
         self.book.reserved(rec, reservation)
         rec.pages[worker.name] = pages
+        rec.cached_tokens = cached_tokens
         self.audit.record(rec.request_id, "reserved", worker=worker.name, epoch=reservation.get("epoch"),
                           pages=reservation.get("pages"))
 
@@ -136,7 +138,7 @@ class RequestRoute:
             assert rec.reservation is not None, "a reserved request has its reservation"  # RequestBook.reserved
             self.outbox.to_worker(worker, to_worker.Prefill(
                 request_id=rec.request_id, slot=rec.slot, prompt_ids=prompt, params=rec.params,
-                target=to_worker.TransferTarget(endpoint=decode.info["transfer_endpoint"],
+                tenant=rec.tenant, cache_salt=rec.cache_salt, target=to_worker.TransferTarget(endpoint=decode.info["transfer_endpoint"],
                                                 reservation=rec.reservation)))
             self.audit.record(rec.request_id, "prefill_sent", worker=worker.name)
             self.publish(rec)
@@ -225,7 +227,8 @@ class RequestRoute:
             self.outbox.event(rec.client, to_client.Done(
                 id=rec.msg_id, request_id=rec.request_id, token_ids=rec.output_ids,
                 text=self.text.of(rec.output_ids), finish_reason=reason, error=error, ttft_s=rec.ttft_s,
-                elapsed_s=now - rec.arrival, prompt_len=rec.prompt_len, decode_worker=rec.decode_worker,
+                elapsed_s=now - rec.arrival, prompt_len=rec.prompt_len, cached_tokens=rec.cached_tokens,
+                decode_worker=rec.decode_worker,
                 prefill_worker=rec.prefill_worker))
         self.publish(rec)
         self.book.forget_old()

@@ -66,6 +66,7 @@ class _Submit:
     tier: str | None
     sub_client: str
     params: dict[str, Any] = field(default_factory=dict)
+    cache_salt: str | None = None
 
 
 class SubmitOps:
@@ -89,6 +90,7 @@ class SubmitOps:
         try:
             asked = call.read(control.Submit)
             request.params = asked.params()
+            request.cache_salt = asked.cache_salt
             ids, text = asked.prompt_ids, asked.prompt
             if (ids is None) == (text is None):
                 raise InvalidRequest(f"request {request_id}: give exactly one of 'prompt_ids' and 'prompt'")
@@ -157,6 +159,7 @@ class SubmitOps:
                           sub_client=request.sub_client)
         rec.owner = request.call.who
         rec.placeholder = placeholder
+        rec.cache_salt = request.cache_salt
 
     def _reject(self, request: _Submit, exc: PageWardenError | ProtocolError) -> None:
         engine, call = self.engine, request.call

@@ -82,7 +82,7 @@ class WorkerEvents:
     # ---- request flow: RequestRoute decides --------------------------------------------
     def on_reserved(self, worker: WorkerHandle, msg: to_supervisor.Reserved) -> None:
         worker.report_free_pages(msg.free_pages)
-        self.sup.route.reserved(worker, msg.request_id, msg.reservation, msg.pages)
+        self.sup.route.reserved(worker, msg.request_id, msg.reservation, msg.pages, msg.cached_tokens)
 
     def on_reserve_failed(self, worker: WorkerHandle, msg: to_supervisor.ReserveFailed) -> None:
         worker.report_free_pages(msg.free_pages)

@@ -68,13 +68,13 @@ class DecodeWorker(WorkerLoop):
     # ---- commands ---------------------------------------------------------------------
     def on_reserve(self, cmd: command.Reserve) -> None:
         request = Request(cmd.request_id, cmd.prompt_ids, params_from_wire(cmd.params), tenant=cmd.tenant,
-                          slot=cmd.slot)
+                          slot=cmd.slot, salt=self.engine.salt_for(cmd.tenant, cmd.cache_salt))
         pool = self.engine.pool
         limit = min(pool.capacity_tokens, self.engine.model.decoder.max_positions)
         if request.total_tokens > limit:
             # only reachable with admission off or faulty: it can never fit here, do not retry
             self.send(report.ReserveFailed(
-                request_id=request.request_id, final=True, free_pages=pool.free_pages, error={
+                request_id=request.request_id, final=True, free_pages=pool.available_pages, error={
                     "code": "admission_rejected", "message": f"request {request.request_id} needs "
                     f"{request.total_tokens:,} tokens; decode pool {pool.name!r} and the model hold {limit:,}"}))
             return
@@ -82,21 +82,25 @@ class DecodeWorker(WorkerLoop):
             self.engine.reserve(request)
         except PoolExhausted as exc:
             self.send(report.ReserveFailed(request_id=request.request_id, error=exc.to_wire(),
-                                           free_pages=pool.free_pages))
+                                           free_pages=pool.available_pages))
             return
         table = request.page_table
-        prompt_pages = table.pages[: pool.pages_for_tokens(request.prompt_len)]
+        # the leading pages its prefix cache holds stay out of the transfer
+        first = request.cached_tokens // pool.page_size
+        prompt_pages = table.pages[first: pool.pages_for_tokens(request.prompt_len)]
         pool.set_state(request.slot, prompt_pages, PageState.IN_FLIGHT)
         self._epochs += 1
         reservation = Reservation(
             request.request_id, request.slot, self._epochs, request.prompt_len,
-            prompt_pages.astype(np.int32), table.epochs[: len(prompt_pages)].astype(np.int64),
+            prompt_pages.astype(np.int32), table.epochs[first: first + len(prompt_pages)].astype(np.int64),
+            first_page=first,
         )
         self.receiver.expect(reservation)
         self.reserved[request.request_id] = request
         self._inject_faults(request, prompt_pages)
         self.send(report.Reserved(request_id=request.request_id, reservation=reservation.to_wire(),
-                                  endpoint=self.kv_endpoint, pages=len(table.pages), free_pages=pool.free_pages))
+                                  endpoint=self.kv_endpoint, pages=len(table.own_pages()),
+                                  free_pages=pool.available_pages, cached_tokens=request.cached_tokens))
 
     def _inject_faults(self, request: Request, prompt_pages) -> None:
         pool, table = self.engine.pool, request.page_table
@@ -125,7 +129,7 @@ class DecodeWorker(WorkerLoop):
         if self.reserved.pop(request_id, None) is not None:
             self.receiver.cancel(request_id)
             self.engine.abort(request_id, Cancelled(f"request {request_id} released"))
-        self.send(report.Released(request_id=request_id, free_pages=self.engine.pool.free_pages))
+        self.send(report.Released(request_id=request_id, free_pages=self.engine.pool.available_pages))
 
     # ---- transfers ------------------------------------------------------------------
     def on_ready(self, ready: dict) -> None:
@@ -143,7 +147,7 @@ class DecodeWorker(WorkerLoop):
                        prevented=False)
         rid = event.request_id
         if event.kind == "complete" and rid in self.reserved:
-            self.reserved.pop(rid)
+            self.engine.prompt_arrived(self.reserved.pop(rid))
             outputs = self.engine.adopt(rid, event.first_token)
             self.send(report.TransferDone(request_id=rid, ok=True))
             self._report(outputs)
@@ -189,7 +193,7 @@ class DecodeWorker(WorkerLoop):
         items = [(o.request_id, o.new_token_ids) for o in outputs if o.new_token_ids]
         finished = [(o.request_id, o.finish_reason, o.error.to_wire() if o.error else None)
                     for o in outputs if o.finished]
-        self.send(report.Tokens(items=items, finished=finished, free_pages=self.engine.pool.free_pages))
+        self.send(report.Tokens(items=items, finished=finished, free_pages=self.engine.pool.available_pages))
         for rid, _, _ in finished:
             self._return_swapped(rid)
 

@@ -98,7 +98,7 @@ class WorkerLoop:
 
     def stats(self) -> dict:
         pool = self.engine.pool
-        return {"free_pages": pool.free_pages, "used_pages": pool.used_pages,
+        return {"free_pages": pool.available_pages, "used_pages": pool.used_pages,
                 "bad_messages": self.bad_messages, "scrubbed_pages": pool.scrubbed_pages,
                 "threads_now": torch.get_num_threads()}
 

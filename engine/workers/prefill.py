@@ -17,13 +17,14 @@ import numpy as np
 import torch
 import zmq
 
-from engine.errors import PoolExhausted, SamplingFailed
+from engine.errors import OwnershipViolation, PoolExhausted, SamplingFailed
 from engine.isolate import each_alone
 from engine.kv.page_table import PageTable
 from engine.request import Request, SamplingParams
 from engine.sampling import sample_next
 from engine.wire.messages import to_supervisor as report
 from engine.wire.messages import to_worker as command
+from engine.wire.page_tags import pack_tag
 from engine.wire.protocol import ProtocolError, unpack_header
 from engine.wire.sockets import harden, send_zero_copy
 from engine.workers.loop import WorkerLoop
@@ -40,11 +41,10 @@ class PrefillJob:
 
 @dataclass
 class Shipment:
-    """Pages whose bytes ZeroMQ may still be reading."""
+    """A request's pages, whose bytes ZeroMQ may still be reading."""
 
     tracker: zmq.MessageTracker
-    slot: int
-    pages: np.ndarray
+    table: PageTable
 
 
 def params_from_wire(d: dict) -> SamplingParams:
@@ -89,7 +89,8 @@ class PrefillWorker(WorkerLoop):
 
     # ---- commands ---------------------------------------------------------------------
     def on_prefill(self, cmd: command.Prefill) -> None:
-        request = Request(cmd.request_id, cmd.prompt_ids, params_from_wire(cmd.params), slot=cmd.slot)
+        request = Request(cmd.request_id, cmd.prompt_ids, params_from_wire(cmd.params), tenant=cmd.tenant,
+                          slot=cmd.slot, salt=self.engine.salt_for(cmd.tenant, cmd.cache_salt))
         self.jobs.append(PrefillJob(request, cmd.target.endpoint, cmd.target.reservation))
 
     def on_forget_endpoint(self, cmd: command.ForgetEndpoint) -> None:
@@ -115,7 +116,7 @@ class PrefillWorker(WorkerLoop):
         if not batch:
             return
         jobs = {job.request.request_id: job for job in batch}
-        for requests, logits in each_alone(self.engine.runner.prefill, [job.request for job in batch],
+        for requests, logits in each_alone(self.engine.runner.prefill, self._checked_prefixes(batch),
                                            self._fail_job, "prefill"):
             for request, token in zip(requests, sample_next(logits, requests, self.generators)):
                 # a prefill draws one token; the decode worker draws the rest with its own
@@ -128,8 +129,38 @@ class PrefillWorker(WorkerLoop):
                     self._ship(jobs[request.request_id], token)
 
     def _fail_job(self, request: Request, error) -> None:
-        self.engine.pool.free(request.slot, request.page_table.pages)
+        self.engine.release_table(request.page_table)
         self.send(report.PrefillFailed(request_id=request.request_id, error=error.to_wire()))
+
+    def _checked_prefixes(self, batch: list[PrefillJob]) -> list[Request]:
+        """I1 over the cached prefix each job is about to attend (the engine's rule): a job whose
+        prefix fails it is refused before it reads it (the defence on) or reported (off); a
+        prefix read goes into the provenance audit."""
+        engine = self.engine
+        prevent = engine.runner.check_writer_tags and engine.config.engine.ownership_policy == "abort"
+        go = []
+        for job in batch:
+            request = job.request
+            if request.cached_tokens:
+                foreign, unwritten, pages = engine.runner.prefix_violations(request)
+                if foreign or unwritten:
+                    detail = (f"prefill pool {engine.pool.name!r}: request {request.request_id} found "
+                              f"{foreign} foreign and {unwritten} unwritten token slot(s) in the cached prefix "
+                              f"it was about to read (pages {pages[:8]}): a shared page whose tags or prefix key "
+                              f"are not its own")
+                    self.alert("ownership_violation", "critical", detail, requests=[request.request_id],
+                               pages=pages, prevented=prevent)
+                    if engine.cache is not None:
+                        engine.cache.withdraw(pages)
+                    if prevent:
+                        self._fail_job(request, OwnershipViolation(detail))
+                        continue
+                reads = engine.runner.prefix_cross_reads(request)
+                if len(reads):
+                    engine._record_cross_reads(request, reads)
+            go.append(request)
+        self.forward_events()
+        return go
 
     def _start_batch(self) -> list[PrefillJob]:
         """Jobs that fit the prefill budget and the pool's free pages, in arrival order."""
@@ -148,10 +179,12 @@ class PrefillWorker(WorkerLoop):
                                f"prefill pool {pool.name!r} of {pool.capacity_tokens:,} tokens"}))
                 continue
             try:
-                grant = pool.allocate(request.slot, pool.pages_for_tokens(request.prompt_len))
+                # never more cached pages than the decode side has: the pages it lacks must be
+                # this request's own, computed here
+                request.page_table = self.engine.table_for(
+                    request, tokens=request.prompt_len, reuse=int(job.reservation.get("first_page", 0)))
             except PoolExhausted:
                 break  # pages come back as shipments complete
-            request.page_table = PageTable.from_grant(request.slot, pool.page_size, grant)
             job.started = time.monotonic()
             batch.append(self.jobs.popleft())
             budget -= request.prompt_len
@@ -159,12 +192,13 @@ class PrefillWorker(WorkerLoop):
 
     def _ship(self, job: PrefillJob, first_token: int) -> None:
         request, pool = job.request, self.engine.pool
-        pages = request.page_table.pages
-        problem = self._own_pages_problem(request)
+        first = int(job.reservation.get("first_page", 0))
+        pages = request.page_table.pages[first:]  # the decode side holds the ones before
+        problem = self._own_pages_problem(request, first)
         if problem:
             self.alert("ownership_violation", "critical", problem, requests=[request.request_id],
                        pages=[int(p) for p in pages])
-            pool.free(request.slot, pages)
+            self.engine.release_table(request.page_table)
             self.send(report.PrefillFailed(request_id=request.request_id,
                                            error={"code": "ownership_violation", "message": problem}))
             return
@@ -179,25 +213,27 @@ class PrefillWorker(WorkerLoop):
             for frames in messages:  # the pages stay unfreed until ZeroMQ lets go of every chunk's frames
                 trackers.append(send_zero_copy(push, frames))
         except (ProtocolError, ValueError) as exc:  # a reservation that cannot be honoured
-            self.shipping.append(Shipment(zmq.MessageTracker(*trackers), request.slot, pages))
+            self.shipping.append(Shipment(zmq.MessageTracker(*trackers), request.page_table))
             self.send(report.PrefillFailed(request_id=request.request_id,
                                            error={"code": "transfer_mismatch", "message": f"{self.name}: {exc}"}))
             return
-        self.shipping.append(Shipment(zmq.MessageTracker(*trackers), request.slot, pages))
+        self.engine.offer_prompt(request)  # read-only from now: later prompts may take its full pages
+        self.shipping.append(Shipment(zmq.MessageTracker(*trackers), request.page_table))
         self.sent_ids.append(request.request_id)
         self.send(report.Prefilled(
             request_id=request.request_id, first_token=first_token, tokens=request.prompt_len, pages=len(pages),
             chunks=len(trackers), elapsed_s=time.monotonic() - job.started,
         ))
 
-    def _own_pages_problem(self, request: Request) -> str | None:
-        """I1 on the prefill side: every prompt token slot about to be shipped was written by
-        this request in this epoch."""
+    def _own_pages_problem(self, request: Request, first: int = 0) -> str | None:
+        """I1 on the prefill side: every prompt token slot about to be shipped (pages from
+        `first` on) was written by this request in this epoch."""
         pool, table = self.engine.pool, request.page_table
-        idx = torch.from_numpy(table.pages.astype(np.int64)).to(pool.device)
+        pages = table.pages[first:]
+        idx = torch.from_numpy(pages.astype(np.int64)).to(pool.device)
         tags = pool.token_writer[idx].cpu().numpy()
-        expected = table.expected_tags()
-        needed = np.minimum(pool.page_size, request.prompt_len - np.arange(len(table.pages)) * pool.page_size)
+        expected = pack_tag(np.int64(request.slot), table.epochs[first:])
+        needed = np.minimum(pool.page_size, request.prompt_len - np.arange(first, len(table.pages)) * pool.page_size)
         wanted = np.arange(pool.page_size)[None, :] < needed[:, None]
         wrong = wanted & (tags != expected[:, None])
         bad = np.nonzero(wrong.any(axis=1))[0]
@@ -205,7 +241,7 @@ class PrefillWorker(WorkerLoop):
             return None
         j = int(bad[0])
         slot = int(np.nonzero(wrong[j])[0][0])
-        return (f"prefill pool {pool.name!r}: page {int(table.pages[j])} of request {request.request_id} "
+        return (f"prefill pool {pool.name!r}: page {int(pages[j])} of request {request.request_id} "
                 f"has {int(wrong[j].sum())} prompt token slot(s) it did not write this epoch (slot {slot}: "
                 f"tag {int(tags[j, slot])}, expected {int(expected[j])}); not shipped")
 
@@ -221,7 +257,7 @@ class PrefillWorker(WorkerLoop):
         still = []
         for shipment in self.shipping:
             if shipment.tracker.done:
-                self.engine.pool.free(shipment.slot, shipment.pages)
+                self.engine.release_table(shipment.table)
             else:
                 still.append(shipment)
         self.shipping = still

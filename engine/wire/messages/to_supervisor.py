@@ -69,6 +69,7 @@ class Reserved(WorkerReport, kw_only=True, tag="reserved"):
     endpoint: str
     pages: int
     free_pages: int
+    cached_tokens: int = 0  # leading prompt tokens its prefix cache holds: the transfer skips their pages
 
 
 class ReserveFailed(WorkerReport, kw_only=True, tag="reserve_failed", omit_defaults=True):

@@ -22,6 +22,7 @@ class Reserve(WorkerCommand, kw_only=True, tag="reserve"):
     prompt_ids: list[int]
     params: dict[str, Any] = {}  # sampling parameters, as the submit gave them (engine/request.py)
     tenant: str = "default"
+    cache_salt: Annotated[str, msgspec.Meta(max_length=256)] | None = None  # with the tenant: its prefix salt
 
 
 class TransferTarget(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
@@ -39,6 +40,8 @@ class Prefill(WorkerCommand, kw_only=True, tag="prefill"):
     slot: NonNegative
     prompt_ids: Annotated[list[int], msgspec.Meta(min_length=1)]
     params: dict[str, Any] = {}
+    tenant: str = "default"
+    cache_salt: Annotated[str, msgspec.Meta(max_length=256)] | None = None
     target: TransferTarget
 
 

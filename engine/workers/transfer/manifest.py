@@ -61,18 +61,26 @@ class Reservation:
     slot: int  # the request's engine-wide slot (owner id in both pools)
     epoch: int  # reservation epoch: a counter unique per decode worker
     tokens: int  # prompt length the transfer must carry
-    pages: np.ndarray  # int32 decode pages in token order, ceil(tokens / page_size) of them
+    pages: np.ndarray  # int32 decode pages in token order, ceil(tokens / page_size) - first_page of them
     page_epochs: np.ndarray  # int64 pool.epoch of each page at allocation
+    # the prompt's leading pages the decode side's prefix cache already holds: the transfer
+    # carries the prompt's pages from this index on (pages[0] is prompt page first_page)
+    first_page: int = 0
 
     def __post_init__(self):
         self.pages = np.asarray(self.pages, dtype=np.int32).reshape(-1)
         self.page_epochs = np.asarray(self.page_epochs, dtype=np.int64).reshape(-1)
+
+    def pages_carried(self, page_size: int) -> int:
+        """Pages the transfer fills: the prompt's, less those the decode side has cached."""
+        return -(-self.tokens // page_size) - self.first_page
 
     def to_wire(self) -> dict:
         """msgpack-able form (plain ints and lists)."""
         return {
             "request_id": self.request_id, "slot": int(self.slot), "epoch": int(self.epoch),
             "tokens": int(self.tokens), "pages": self.pages.tolist(), "page_epochs": self.page_epochs.tolist(),
+            "first_page": int(self.first_page),
         }
 
     @classmethod
@@ -86,6 +94,7 @@ class Reservation:
         slot = field_of(d, "slot", "int", low=0, high=MAX_SLOT)
         epoch = field_of(d, "epoch", "int", low=0, high=MAX_EPOCH)
         tokens = field_of(d, "tokens", "int", low=1, high=1 << 40)
+        first_page = field_of(d, "first_page", "int", default=0, low=0, high=1 << 40)
         pages = field_of(d, "pages", "list[int]")
         page_epochs = field_of(d, "page_epochs", "list[int]")
         if not pages:
@@ -98,7 +107,7 @@ class Reservation:
             raise ProtocolError("field 'pages' lists a page twice")
         if min(page_epochs) < 0 or max(page_epochs) > MAX_EPOCH:
             raise ProtocolError("field 'page_epochs' holds a negative or oversized epoch")
-        return cls(request_id, slot, epoch, tokens, np.array(pages), np.array(page_epochs))
+        return cls(request_id, slot, epoch, tokens, np.array(pages), np.array(page_epochs), first_page)
 
 
 def page_checksum(buf) -> int:

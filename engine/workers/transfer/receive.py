@@ -91,7 +91,7 @@ class TransferReceiver:
         res, pool = reservation, self.pool
         if res.request_id in self._pending:
             raise ValueError(f"request {res.request_id}: a transfer is already expected")
-        needed = pool.pages_for_tokens(res.tokens)
+        needed = res.pages_carried(pool.page_size)
         if res.tokens < 1 or len(res.pages) != needed or len(res.page_epochs) != len(res.pages):
             raise ValueError(f"request {res.request_id}: {len(res.pages)} pages / {len(res.page_epochs)} epochs "
                              f"for {res.tokens} tokens; {needed} needed")
@@ -209,7 +209,8 @@ class TransferReceiver:
             return
         pool, res = self.pool, t.res
         if tags is None:
-            positions = np.asarray(indices, dtype=np.int64)[:, None] * pool.page_size + np.arange(pool.page_size)
+            positions = ((np.asarray(indices, dtype=np.int64)[:, None] + res.first_page) * pool.page_size
+                         + np.arange(pool.page_size))
             own = pack_tag(np.int64(res.slot), res.page_epochs[indices].astype(np.int64))[:, None]
             tags = np.where(positions < res.tokens, own, NO_WRITER)
         index = torch.from_numpy(pages.astype(np.int64)).to(pool.device)
@@ -247,8 +248,12 @@ class TransferReceiver:
             return f"epoch {epoch} != reserved {res.epoch}"
         if h["tokens"] != res.tokens:
             return f"token count {h['tokens']} != reserved {res.tokens}"
+        if h.get("first_page", 0) != res.first_page:
+            return (f"first_page {_shown(h.get('first_page', 0))} != reserved {res.first_page} "
+                    f"(pages the decode side holds in its prefix cache)")
         if len(h["pages"]) != n:
-            return f"page count {len(h['pages'])} != reserved {n} (ceil({res.tokens} / {self.pool.page_size}))"
+            return (f"page count {len(h['pages'])} != reserved {n} (ceil({res.tokens} / {self.pool.page_size})"
+                    f" - {res.first_page} cached)")
         if h["pages"] != t.page_list:
             return _first_difference("page ids", h["pages"], t.page_list)
         if len(h["page_epochs"]) != n:
@@ -335,7 +340,7 @@ class TransferReceiver:
         pages, epochs = res.pages[done], res.page_epochs[done]
         tokens = res.tokens if self.verify_manifest else min(res.tokens, t.tokens or 0)
         index = torch.from_numpy(pages.astype(np.int64)).to(pool.device)
-        filled = np.clip(tokens - done * pool.page_size, 0, pool.page_size)
+        filled = np.clip(tokens - (done + res.first_page) * pool.page_size, 0, pool.page_size)
         pool.writer[index] = torch.from_numpy(pack_tag(np.int64(res.slot), epochs)).to(pool.device)
         pool.filled[index] = torch.from_numpy(filled.astype(np.int32)).to(pool.device)
         pool.mark_dirty(pages)

@@ -45,7 +45,7 @@ def iter_transfer(pool, src_pages: np.ndarray, reservation: dict | Reservation, 
     res = reservation if isinstance(reservation, Reservation) else Reservation.from_wire(reservation)
     tokens = res.tokens if tokens is None else int(tokens)
     src = np.asarray(src_pages, dtype=np.int64).reshape(-1)
-    needed = pool.pages_for_tokens(tokens)
+    needed = pool.pages_for_tokens(tokens) - res.first_page  # the decode side's cached pages stay home
     if tokens < 1 or tokens > res.tokens:
         raise ValueError(f"request {res.request_id}: {tokens} tokens cannot fill a reservation of {res.tokens}")
     if len(src) != needed:
@@ -58,7 +58,7 @@ def iter_transfer(pool, src_pages: np.ndarray, reservation: dict | Reservation, 
         "op": OP, "request_id": res.request_id, "epoch": int(res.epoch), "tokens": tokens,
         "pages": res.pages[:needed].tolist(), "page_epochs": res.page_epochs[:needed].tolist(),
         "layout": layout.to_wire(), "first_token": int(first_token), "sender": sender,
-        "chunks": -(-needed // per_chunk),
+        "chunks": -(-needed // per_chunk), "first_page": int(res.first_page),
     }
     tags = transfer_tags(pool, src, res, needed)
     provenance = None if getattr(pool, "provenance", None) is None else pool.provenance[src]

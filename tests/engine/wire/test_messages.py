@@ -28,16 +28,16 @@ HELLO = {"name": "decode-0", "role": "decode", "pid": 41, "token": "t0k", "devic
 STATS = {"free_pages": 60, "used_pages": 4, "bad_messages": 0, "scrubbed_pages": 2, "threads_now": 2}
 ERROR = {"code": "pool_exhausted", "message": "decode pool 'decode-0' has 3 free pages; request r1 needs 9"}
 DONE = {"request_id": "r1", "token_ids": [7, 8], "text": "hi", "finish_reason": "length", "error": None,
-        "ttft_s": 0.25, "elapsed_s": 1.5, "prompt_len": 5, "decode_worker": "decode-0", "prefill_worker": "prefill-0"}
+        "ttft_s": 0.25, "elapsed_s": 1.5, "prompt_len": 5, "cached_tokens": 0, "decode_worker": "decode-0", "prefill_worker": "prefill-0"}
 
 # (registry, the dict as its sender writes it today, the struct that replaces it)
 WIRE: list[tuple[Registry, dict, WireMessage]] = [
     # supervisor -> worker
     (BUS_TO_WORKER, {"op": "reserve", "request_id": "r1", "slot": 3, "prompt_ids": [1, 2], "params": PARAMS,
-                     "tenant": "default"},
+                     "tenant": "default", "cache_salt": None},
      to_worker.Reserve(request_id="r1", slot=3, prompt_ids=[1, 2], params=PARAMS)),
     (BUS_TO_WORKER, {"op": "prefill", "request_id": "r1", "slot": 3, "prompt_ids": [1, 2], "params": PARAMS,
-                     "target": {"endpoint": "ipc:///run/decode-0.kv", "reservation": RESERVATION}},
+                     "tenant": "default", "cache_salt": None, "target": {"endpoint": "ipc:///run/decode-0.kv", "reservation": RESERVATION}},
      to_worker.Prefill(request_id="r1", slot=3, prompt_ids=[1, 2], params=PARAMS,
                        target=to_worker.TransferTarget(endpoint="ipc:///run/decode-0.kv", reservation=RESERVATION))),
     (BUS_TO_WORKER, {"op": "cancel", "request_id": "r1"}, to_worker.Cancel(request_id="r1")),
@@ -67,7 +67,7 @@ WIRE: list[tuple[Registry, dict, WireMessage]] = [
     (BUS_TO_SUPERVISOR, {"op": "bad_command", "error": {"code": "bad_message", "message": "field 'slot' is required"}},
      to_supervisor.BadCommand(error={"code": "bad_message", "message": "field 'slot' is required"})),
     (BUS_TO_SUPERVISOR, {"op": "reserved", "request_id": "r1", "reservation": RESERVATION,
-                         "endpoint": "ipc:///run/decode-0.kv", "pages": 3, "free_pages": 61},
+                         "endpoint": "ipc:///run/decode-0.kv", "pages": 3, "free_pages": 61, "cached_tokens": 0},
      to_supervisor.Reserved(request_id="r1", reservation=RESERVATION, endpoint="ipc:///run/decode-0.kv", pages=3,
                             free_pages=61)),
     (BUS_TO_SUPERVISOR, {"op": "reserve_failed", "request_id": "r1", "error": ERROR, "free_pages": 3},

@@ -63,7 +63,7 @@ def test_a_prompt_that_makes_the_prefill_pass_raise_fails_alone(make_engine, poi
         assert fine.finish_reason == "length" and len(fine.output_ids) == 4
     alone = make_engine().generate([[256, 5, 6, 7], [256, 8, 9]], params)
     assert [before.output_ids, after.output_ids] == [r.output_ids for r in alone]  # same tokens as unharmed
-    assert eng.pool.used_pages == 0
+    assert eng.pool.used_pages == eng.pool.evictable_pages  # only idle cached pages stay
 
 
 def test_a_request_whose_decode_step_raises_fails_alone_and_the_batch_decodes_on(make_engine, poisoned_forward):
@@ -78,7 +78,7 @@ def test_a_request_whose_decode_step_raises_fails_alone_and_the_batch_decodes_on
     assert len(doomed.output_ids) == POISON_POSITION - doomed.prompt_len + 1  # tokens before the bad step
     assert others[0].finish_reason == "length" and len(others[0].output_ids) == 8
     assert others[1].finish_reason in ("length", "eos")
-    assert eng.pool.used_pages == 0
+    assert eng.pool.used_pages == eng.pool.evictable_pages  # only idle cached pages stay
     assert eng.step() == []  # and the engine goes on
 
 
@@ -92,7 +92,7 @@ def test_the_single_process_engine_fails_one_request_and_serves_the_rest(make_en
     assert f"request {doomed.request_id}: no next token could be sampled at temperature 0.7" in str(doomed.error)
     assert fine.finish_reason == "length" and len(fine.output_ids) == 4
     assert sampled.finish_reason == "length" and len(sampled.output_ids) == 4
-    assert eng.pool.used_pages == 0  # the failed request's pages came back too
+    assert eng.pool.used_pages == eng.pool.evictable_pages  # only idle cached pages stay  # the failed request's pages came back too
 
 
 def test_a_prefill_worker_fails_one_request_and_ships_the_rest_of_its_batch(prefill_rig, doomed_sampler):
@@ -122,7 +122,7 @@ def test_a_prefill_worker_fails_one_request_and_ships_the_rest_of_its_batch(pref
         if not worker.shipping:
             break
         time.sleep(0.01)
-    assert worker.engine.pool.free_pages == free  # both requests' pages are back
+    assert worker.engine.pool.available_pages == free  # both requests' pages are back
 
 
 
@@ -149,7 +149,7 @@ def test_a_prefill_worker_whose_forward_pass_raises_for_one_prompt_ships_the_oth
         if not worker.shipping:
             break
         time.sleep(0.01)
-    assert worker.engine.pool.free_pages == free
+    assert worker.engine.pool.available_pages == free
     worker.work()  # the worker goes on
 
 
