@@ -238,7 +238,9 @@ class CompletionsApp:
 
 def _usage(done) -> dict:
     prompt, completion = int(done.get("prompt_len") or 0), len(done.get("token_ids") or [])
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            # as vLLM reports it (with --enable-prompt-tokens-details): what the prefix cache held
+            "prompt_tokens_details": {"cached_tokens": int(done.get("cached_tokens") or 0)}}
 
 
 async def _sse(response: web.StreamResponse, payload: dict) -> None:

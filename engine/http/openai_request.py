@@ -6,7 +6,9 @@ the pools is admission's answer (I2), so the engine's own rejection reaches the 
 
 Which fields, decided once (a client must hear what it will not get, not get it silently):
 - served: model, prompt, max_tokens, temperature, top_p, stream, stream_options, stop,
-  user (the tenant), seed, and vLLM's ignore_eos;
+  user (the tenant), seed, and vLLM's ignore_eos and cache_salt (the prefix cache's salt: only
+  requests with the same salt share cached pages; the usage says how many prompt tokens were
+  cached, as `prompt_tokens_details.cached_tokens`);
 - accepted at their neutral value only, with their OpenAI type (SDKs and wrappers send them
   by default): n = 1, best_of = 1, echo = false, presence_penalty = 0,
   frequency_penalty = 0, logit_bias = {}; logprobs and suffix only as null. `n: true` or
@@ -31,10 +33,11 @@ MAX_PROMPT_IDS = 1 << 21
 MAX_STOP = 4  # as OpenAI: up to four stop sequences
 MAX_STOP_CHARS = 256
 MAX_USER_CHARS = 64  # the engine's tenant name limit
+MAX_SALT_CHARS = 256  # the engine's cache_salt limit
 MAX_TEMPERATURE = 2.0
 MAX_NAMED_FIELDS = 5  # unknown fields named in one error, at most (a body may hold thousands)
 SERVED = ("model", "prompt", "max_tokens", "temperature", "top_p", "stream", "stream_options", "stop", "user", "seed",
-          "ignore_eos")
+          "ignore_eos", "cache_salt")
 TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls")
 IGNORED = ("return_token_ids",)  # vLLM's: a reply without token_ids says it was not served
 
@@ -95,6 +98,7 @@ class CompletionRequest:
     seed: int | None = None
     ignore_eos: bool = False
     include_usage: bool = False  # stream_options.include_usage
+    cache_salt: str | None = None
 
     def submit_fields(self) -> dict:
         """The engine's submit fields. The stop strings are the frontend's job, so it needs the
@@ -105,6 +109,8 @@ class CompletionRequest:
                   "tenant": self.user or "default"}
         if self.seed is not None:
             fields["seed"] = self.seed
+        if self.cache_salt is not None:
+            fields["cache_salt"] = self.cache_salt
         if self.prompt_ids is not None:
             fields["prompt_ids"] = self.prompt_ids
         else:
@@ -147,6 +153,7 @@ def parse_options(body: dict) -> dict:
         "seed": None if body.get("seed") is None else _int(body, "seed", 0, 0, (1 << 63) - 1),
         "ignore_eos": _bool(body, "ignore_eos", False),
         "include_usage": _include_usage(body.get("stream_options")),
+        "cache_salt": _cache_salt(body.get("cache_salt")),
     }
 
 
@@ -253,6 +260,16 @@ def _user(value) -> str | None:
     if not isinstance(value, str) or not 1 <= len(value) <= MAX_USER_CHARS:
         raise field_error("user", value, f"a string of 1 to {MAX_USER_CHARS} characters (it names the tenant)")
     utf8_bytes("user", value)
+    return value
+
+
+def _cache_salt(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_SALT_CHARS:
+        raise field_error("cache_salt", value, f"a string of 1 to {MAX_SALT_CHARS} characters (the prefix cache's "
+                                               f"salt: only requests with the same one share cached prompt pages)")
+    utf8_bytes("cache_salt", value)
     return value
 
 

@@ -80,10 +80,33 @@ def test_streamed_text_equals_whole_text(server):
     streamed = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
     assert streamed == choice["text"]
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == choice["finish_reason"]
-    assert chunks[-1]["usage"] == whole["usage"]
+    details = chunks[-1]["usage"].pop("prompt_tokens_details")
+    assert chunks[-1]["usage"] == {k: v for k, v in whole["usage"].items() if k != "prompt_tokens_details"}
+    assert whole["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert details["cached_tokens"] > 0  # the same prompt again, the same tenant: its full pages were cached
     # a list of token ids is the same prompt
     status, by_ids = post(server, {**body, "prompt": [256, *prompt.encode()]})
     assert status == 200 and by_ids["choices"][0]["text"] == choice["text"]
+
+
+def test_cache_salt_decides_who_shares_cached_prompt_pages_and_usage_says_how_many(server):
+    """vLLM's API: the same salt hits, another salt misses; prompt_tokens_details.cached_tokens."""
+    text = "a long shared preamble, the same for every request of this test " * 3
+    def cached(salt: str, user: str, stream: bool = False) -> int:
+        body = {"prompt": PROMPT_FORM.format(text=text), "max_tokens": 2, "temperature": 0, "user": user,
+                "cache_salt": salt}
+        if stream:
+            status, raw = post(server, {**body, "stream": True, "stream_options": {"include_usage": True}})
+            usage = sse_chunks(raw)[-1]["usage"]
+        else:
+            status, answer = post(server, body)
+            usage = answer["usage"]
+        assert status == 200
+        return usage["prompt_tokens_details"]["cached_tokens"]
+    assert cached("salt-a", "acme") == 0
+    hit = cached("salt-a", "globex", stream=True)  # the salt, not the tenant, decides when one is given
+    assert hit >= 128 and hit % 16 == 0
+    assert cached("salt-b", "acme") == 0
 
 
 def test_stop_sequence_ends_the_text_before_it(server):
@@ -125,6 +148,8 @@ def test_concurrent_requests_each_get_their_own_answer(server):
      ["does not call tools"]),
     ({"prompt": "hi", "max_token": 5}, "max_token", ["unknown field 'max_token'", "max_tokens"]),
     ({"prompt": "hi", "logprobs": 1}, "logprobs", ["not returned"]),
+    ({"prompt": "hi", "cache_salt": ""}, "cache_salt", ["1 to 256 characters", "salt"]),
+    ({"prompt": "hi", "cache_salt": 7}, "cache_salt", ["7", "1 to 256 characters"]),
 ])
 def test_bad_input_is_400_naming_the_field(server, body, param, words):
     status, answer = post(server, body)
