@@ -2,7 +2,8 @@
 
 A QTimer asks the Qt-free ProbeSchedule whether a run is due; a run (blocking HTTP) goes
 to the window's one ProbeRunner thread, which runs them one at a time and hands each round
-back through a ProbeRelay's queued signals. The
+(or the cache_salt check's report, which the dialog also shows) back through a ProbeRelay's
+queued signals. The
 schedule turns rounds and errors into local alerts, which the window keeps in
 `probe_alerts` and folds into whatever EngineState it shows (a new engine's state gets
 them again). In KV-event mode, where the engine's docks are hidden, the alerts dock
@@ -21,6 +22,7 @@ from PySide6.QtWidgets import QDockWidget, QLabel
 
 from engine.adapters.leak_probe import open_probe
 from engine.adapters.openai_http import ProbeError
+from engine.adapters.salt_check import open_salt_check
 from gui.dialogs.probe_dialog import ProbeDialog
 from gui.model.engine_state import AlertRow
 from gui.model.probe_schedule import ALERT_PREFIX, ProbeRequest, ProbeSchedule
@@ -35,6 +37,7 @@ class ProbeRelay(QObject):
 
     round_done = Signal(object, object, object)  # schedule, RoundReport, {round: marker}
     failed = Signal(object, str)  # schedule, message
+    salt_done = Signal(object, object)  # schedule, SaltReport
     run_ended = Signal(object)  # schedule
 
 
@@ -42,6 +45,10 @@ def run_probe(schedule: ProbeSchedule, stop: threading.Event, relay: ProbeRelay)
     """One run of `schedule`'s rounds (the probe thread's body); never raises."""
     request = schedule.request
     try:
+        if request.salt_check:
+            check = open_salt_check(request.url, model=request.model, pairs=request.pairs, timeout_s=HTTP_TIMEOUT_S)
+            relay.salt_done.emit(schedule, check.run())
+            return
         probe = open_probe(request.url, model=request.model, timeout_s=HTTP_TIMEOUT_S)
         for number in range(1, request.rounds + 1):
             if stop.is_set():
@@ -106,6 +113,7 @@ class ProbeMixin:
         self._probe_relay = ProbeRelay()
         self._probe_relay.round_done.connect(self._on_probe_round)
         self._probe_relay.failed.connect(self._on_probe_failed)
+        self._probe_relay.salt_done.connect(self._on_salt_done)
         self._probe_relay.run_ended.connect(self._on_probe_ended)
         self._probe_runner = ProbeRunner(self._probe_relay)
         self._probe_timer = QTimer(self)
@@ -119,6 +127,7 @@ class ProbeMixin:
         """Tools → Probe an OpenAI endpoint…: the dialog, then start_probe."""
         self.probe_dialog = dialog = ProbeDialog(self)
         dialog.accepted.connect(lambda: self.start_probe(dialog.values()))
+        dialog.salt_requested.connect(self.start_probe)  # the dialog stays open for the verdict
         dialog.open()
 
     def start_probe(self, request: ProbeRequest) -> None:
@@ -155,6 +164,16 @@ class ProbeMixin:
 
     def _on_probe_failed(self, schedule, message: str) -> None:
         self._add_probe_alerts([schedule.add_error(message)])
+        self._show_in_dialog(schedule, f"The salt check could not run: {message}")
+
+    def _on_salt_done(self, schedule, report) -> None:
+        self._add_probe_alerts(schedule.add_salt_report(report))
+        self._show_in_dialog(schedule, "\n".join(report.lines()))
+
+    def _show_in_dialog(self, schedule, text: str) -> None:
+        dialog = getattr(self, "probe_dialog", None)
+        if schedule.request.salt_check and schedule is self.probe and dialog is not None and dialog.salt_running:
+            dialog.show_salt_result(text)
 
     def _on_probe_ended(self, schedule) -> None:
         schedule.end_run()

@@ -9,10 +9,15 @@ not speak the API, raises ProbeError.
 from __future__ import annotations
 
 import json
+import math
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+
+MAX_LINE_BYTES = 64 * 1024  # one server-sent event line of a timed stream
+MAX_STREAM_BYTES = 1024 * 1024  # a whole timed stream (it asks for one token)
+MAX_TOKEN_COUNT = 10_000_000  # a usage count above this is not a count
 
 
 class ProbeError(Exception):
@@ -28,6 +33,8 @@ class Completion:
     error: str | None = None
     finish_reason: str | None = None  # None: no choice ended (or the reader hung up first)
     completion_tokens: int | None = None  # usage.completion_tokens, else the text chunks counted
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (timed streams only)
+    ttft_s: float | None = None  # request sent -> first choice chunk (timed streams only)
 
     @property
     def ok(self) -> bool:
@@ -59,10 +66,12 @@ class OpenAIHttp:
             self.headers["Authorization"] = f"Bearer {api_key}"
         self.pacer, self.timeout_s = Pacer(per_second), timeout_s
         self.sent = 0
+        self.sent_at = 0.0
 
     def _open(self, path: str, body: dict | None = None):
         self.pacer.wait()
         self.sent += 1
+        self.sent_at = time.perf_counter()  # after the pacer's wait: what a timed request measures from
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.base + path, data=data, headers=self.headers,
                                          method="GET" if body is None else "POST")
@@ -138,11 +147,86 @@ class OpenAIHttp:
             done.completion_tokens = chunks
         return done
 
+    def timed_stream(self, body: dict) -> Completion:
+        """POST a streamed completion, read it to its end and time it: `ttft_s` from just before
+        the request goes (after the pacer's wait) to the first chunk that carries a choice;
+        `prompt_tokens` and `cached_tokens` from its usage (the body should ask
+        stream_options.include_usage). The answer is bounded before it is parsed: MAX_LINE_BYTES
+        a line, MAX_STREAM_BYTES in all. Raises ProbeError naming the value and the limit for
+        an answer over a limit or one that is not the API's shape; an HTTP error status comes
+        back as a Completion."""
+        try:
+            response = self._open("/completions", {**body, "stream": True})
+        except urllib.error.HTTPError as exc:
+            return Completion(exc.code, "", None, *_error_of(exc))
+        started, done, text, read = self.sent_at, Completion(200), [], 0
+        with response:
+            while True:
+                raw = response.readline(MAX_LINE_BYTES + 1)
+                if not raw:
+                    break
+                read += len(raw)
+                if len(raw) > MAX_LINE_BYTES:
+                    raise ProbeError(f"{self.base}/completions: a stream line of over {MAX_LINE_BYTES:,} bytes "
+                                     f"(the limit)")
+                if read > MAX_STREAM_BYTES:
+                    raise ProbeError(f"{self.base}/completions: a stream of over {MAX_STREAM_BYTES:,} bytes "
+                                     f"(the limit) for a one-token answer")
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    chunk = json.loads(data)
+                except json.JSONDecodeError:
+                    raise ProbeError(f"{self.base}/completions: a stream chunk that is not JSON: "
+                                     f"{data[:80]!r}") from None
+                if not isinstance(chunk, dict):
+                    raise ProbeError(f"{self.base}/completions: a stream chunk that is not an object: {data[:80]!r}")
+                if "error" in chunk:
+                    error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
+                    done.error_code, done.error = str(error.get("code")), str(error.get("message"))
+                    break
+                choices = chunk.get("choices") or []
+                if not isinstance(choices, list):
+                    raise ProbeError(f"{self.base}/completions: 'choices' is {type(choices).__name__}, not a list")
+                if choices and done.ttft_s is None:
+                    done.ttft_s = time.perf_counter() - started
+                for choice in choices:
+                    if isinstance(choice, dict):
+                        text.append(str(choice.get("text") or ""))
+                        done.finish_reason = choice.get("finish_reason") or done.finish_reason
+                usage = chunk.get("usage")
+                if isinstance(usage, dict):
+                    done.prompt_tokens = _count(usage, "prompt_tokens", self.base) or done.prompt_tokens
+                    done.completion_tokens = _count(usage, "completion_tokens", self.base)
+                    details = usage.get("prompt_tokens_details")
+                    if isinstance(details, dict):
+                        done.cached_tokens = _count(details, "cached_tokens", self.base)
+        done.text = "".join(text)[:MAX_LINE_BYTES]
+        return done
+
+
+def _count(usage: dict, key: str, where: str) -> int | None:
+    """usage[key] as a token count (None when absent). Raises ProbeError naming the value
+    and the limit."""
+    value = usage.get(key)
+    if value is None:
+        return None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKEN_COUNT:
+        raise ProbeError(f"{where}/completions: usage {key} {str(value)[:40]!r} is not a count "
+                         f"(0..{MAX_TOKEN_COUNT:,})")
+    return value
+
 
 def _error_of(exc: urllib.error.HTTPError) -> tuple[str | None, str]:
     """(code, message) of an OpenAI error body, or the HTTP reason."""
     try:
-        error = json.loads(exc.read()).get("error") or {}
+        error = json.loads(exc.read(MAX_LINE_BYTES)).get("error") or {}  # bounded: untrusted
         return (str(error.get("code")) if error.get("code") is not None else None,
                 str(error.get("message") or exc.reason))
     except (ValueError, AttributeError, OSError):

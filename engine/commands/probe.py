@@ -57,7 +57,11 @@ finding. Each follow-up's outcome is counted per strategy: answered (HTTP 200), 
 Safe by default: at most --rate requests a second (cap 10), --rounds x (1 + --followups)
 requests in all, loopback only unless --allow-remote. Exit 1 on any finding, 0 on none, 2 for
 bad arguments or a server that cannot be probed (unreachable, no model list, no marker placed).
-See docs/probe.md for what each engine does."""
+
+--salt-check instead checks the prefix cache's cache_salt isolation: --pairs pairs of requests
+over a fresh random prefix, the same salt twice (must hit) and two salts (must miss), judged by
+usage.prompt_tokens_details.cached_tokens where reported and by a Kolmogorov-Smirnov test of the
+times to first token. See docs/probe.md for what each engine does."""
 
 
 def register(sub) -> None:
@@ -83,6 +87,17 @@ def register(sub) -> None:
     probe.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each answer")
     probe.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --url host")
     probe.add_argument("--json", action="store_true", help="end with one JSON line: rounds and findings")
+    salt = probe.add_argument_group("salt check (--salt-check: instead of the leak rounds; see docs/probe.md)")
+    salt.add_argument("--salt-check", action="store_true", help="check that the prefix cache keeps requests with "
+                      "different cache_salt apart (and that the same salt hits): exit 0 holds, 1 shared across "
+                      "salts, 2 bad arguments or a server that cannot be checked, 3 no prefix cache seen or "
+                      "inconclusive")
+    salt.add_argument("--pairs", type=int, default=8, help="pairs of each kind (same salt, different salts; "
+                      "2..64, default 8)")
+    salt.add_argument("--prefix-tokens", type=int, default=1000, help="tokens of each pair's fresh random prefix "
+                      "(64..32768, default 1000, capped by the window)")
+    salt.add_argument("--no-salt", action="store_true", help="ablation: send the different-salt pairs with no "
+                      "cache_salt at all (a router that drops it): a working cache must then be seen shared")
     probe.set_defaults(func=cmd_probe)
 
 
@@ -128,6 +143,14 @@ def long_tokens_for(args, window: int) -> int:
 
 
 def cmd_probe(args) -> int:
+    if args.salt_check:
+        from engine.commands.probe_salt import cmd_salt_check
+
+        try:
+            key = check_args(args)
+        except ValueError as exc:
+            return fail(args, exc)
+        return cmd_salt_check(args, key)
     from engine.adapters.leak_probe import LeakProbe, outcome_counts, served_model
     from engine.adapters.openai_http import OpenAIHttp, ProbeError
 

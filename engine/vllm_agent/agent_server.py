@@ -34,6 +34,7 @@ from engine.vllm_agent.checks import check_snapshot
 from engine.vllm_agent.metrics_port import MetricsPort
 from engine.vllm_agent.page_book import POOL, PageBook
 from engine.vllm_agent.snapshot import PoolSnapshot
+from engine.vllm_agent.tenant_share import TenantShareCheck
 from engine.wire.messages import control
 from engine.wire.messages.codec import read
 from engine.wire.messages.registry import CONTROL
@@ -75,6 +76,7 @@ class AgentServer:
         self._output: dict[str, int] = {}  # live request -> output tokens at the last snapshot
         self._last_metrics = 0.0
         self._latest: PoolSnapshot | None = None
+        self.tenant_share = TenantShareCheck()
         self._running = True
         self.paused = False  # read by the scheduler's thread each step; written only by `pause`
         # what the agent costs vLLM, in seconds: scheduler_s, wall time of the connector's
@@ -161,9 +163,9 @@ class AgentServer:
 
     def _fold(self, snap: PoolSnapshot) -> None:
         self.counters["snapshots"] += 1
-        for finding in check_snapshot(snap):
+        for finding in check_snapshot(snap) + self.tenant_share.check(snap):
             self.counters[f"findings:{finding.kind}"] += 1
-            self.alerts.fire(finding.kind, "critical", finding.detail, subject=finding.subject,
+            self.alerts.fire(finding.kind, finding.severity, finding.detail, subject=finding.subject,
                              requests=finding.requests, pages=finding.pages, pool=POOL, prevented=False)
         new_tokens = sum(max(0, r.output_tokens - self._output.get(rid, 0)) for rid, r in snap.requests.items())
         self._output = {rid: r.output_tokens for rid, r in snap.requests.items()}

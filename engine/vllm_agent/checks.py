@@ -36,6 +36,7 @@ class Finding:
     detail: str
     requests: tuple[str, ...]
     pages: tuple[int, ...]
+    severity: str = "critical"
 
 
 def check_snapshot(snap: PoolSnapshot) -> list[Finding]:

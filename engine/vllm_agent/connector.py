@@ -24,7 +24,9 @@ snapshots is not seen. The worker side does nothing.
 
 extra config keys: control (ROUTER endpoint, loopback unless CURVE, default
 tcp://127.0.0.1:7600), telemetry (XPUB endpoint, default control's port + 1),
-snapshot_period_s (default 0.05), test_fault (tests only: engine/vllm_agent/test_faults.py).
+snapshot_period_s (default 0.05), tenant_field (a key of the requests' `vllm_xargs` naming
+their tenant, for `cross_tenant_share`: engine/vllm_agent/tenant_share.py), test_fault (tests
+only: engine/vllm_agent/test_faults.py).
 """
 
 from __future__ import annotations
@@ -44,9 +46,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from engine.vllm_agent import test_faults
 from engine.vllm_agent.checks import capacity_finding
 from engine.vllm_agent.snapshot import BlockView, PoolSnapshot, RequestView
+from engine.vllm_agent.tenant_share import salt_tag
 
 logger = logging.getLogger(__name__)
 DEFAULT_CONTROL = "tcp://127.0.0.1:7600"
+MAX_TENANT_CHARS = 64  # a tenant name comes from the request: alerts carry no more of it than this
 HASH_GROUP_SUFFIX = 4  # vLLM's BlockHashWithGroupId: the block hash, then a 4-byte group id
 
 
@@ -73,6 +77,7 @@ class PageWardenConnector(KVConnectorBase_V1):
         self.period = float(extra.get("snapshot_period_s", 0.05))
         if not 0.0 <= self.period <= 60.0:
             raise ValueError(f"snapshot_period_s {self.period:g} is out of range: 0 to 60 seconds")
+        self.tenant_field = str(extra["tenant_field"]) if extra.get("tenant_field") else None
         self.fault = extra.get("test_fault")
         test_faults.refuse_unless_allowed(self.fault, test_faults.AGENT_FAULTS,
                                           "a test breaking vLLM's state on purpose")
@@ -83,6 +88,7 @@ class PageWardenConnector(KVConnectorBase_V1):
         self.vllm_config = vllm_config
         self.server = None
         self._live: dict[str, Any] = {}  # request id -> vLLM's Request, from on_new_request
+        self._who: dict[str, tuple[str | None, str | None]] = {}  # live request id -> (salt tag, tenant)
         self._finished: dict[str, str] = {}
         self._rewound: set[str] = set()  # live requests vLLM rewinds after a failed KV load
         self._step = 0
@@ -102,11 +108,16 @@ class PageWardenConnector(KVConnectorBase_V1):
         self.manager = managers[0]
         self.block_size = int(self.manager.block_size)
         self.hash_stride = max(1, self.block_size // int(pool.hash_block_size))
+        if self.fault == "salt_ignored":  # before the first request is hashed, in the process that hashes them
+            from vllm.v1.core import kv_cache_utils
+
+            test_faults.ignore_salt_when_asked(kv_cache_utils)
+            self.fault_applied = self.fault
         import vllm
 
         facts = {"vllm_version": vllm.__version__, "model": str(self.vllm_config.model_config.model),
                  "max_model_len": self.max_model_len, "block_size": self.block_size,
-                 "prefix_caching": bool(pool.enable_caching), "pid": os.getpid(),
+                 "prefix_caching": bool(pool.enable_caching), "pid": os.getpid(), "tenant_field": self.tenant_field,
                  "device": str(self.vllm_config.device_config.device_type)}
         self.server = AgentServer(self.control, self.telemetry, num_blocks=pool.num_gpu_blocks,
                                   block_size=self.block_size, facts=facts, metrics=self.metrics,
@@ -115,6 +126,11 @@ class PageWardenConnector(KVConnectorBase_V1):
 
     def on_new_request(self, request) -> None:
         self._live[request.request_id] = request
+        extra = getattr(request.sampling_params, "extra_args", None) or {}
+        tenant = extra.get(self.tenant_field) if self.tenant_field else None
+        # hashed here once: the snapshot, on every step, only looks it up
+        self._who[request.request_id] = (salt_tag(request.cache_salt),
+                                         None if tenant is None else str(tenant)[:MAX_TENANT_CHARS])
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
         return 0, False
@@ -145,6 +161,7 @@ class PageWardenConnector(KVConnectorBase_V1):
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._live.pop(request.request_id, None)
+        self._who.pop(request.request_id, None)
         self._rewound.discard(request.request_id)
         reason = request.get_finished_reason()
         self._finished[request.request_id] = str(getattr(reason, "name", reason) or request.status.name).lower()
@@ -184,8 +201,9 @@ class PageWardenConnector(KVConnectorBase_V1):
             rewound = rid in self._rewound
             if rewound and len(ids) <= -(-needed // self.block_size):
                 self._rewound.discard(rid)  # recomputed up to its table again
+            salt, tenant = self._who.get(rid, (None, None))
             requests[rid] = RequestView(rid, ids, needed, req.num_prompt_tokens, req.num_output_tokens, own,
-                                        rewound=rewound)
+                                        rewound=rewound, salt_tag=salt, tenant=tenant)
         finished, self._finished = self._finished, {}
         return PoolSnapshot(time.time(), self._step, self.block_pool.num_gpu_blocks, self.block_size, requests,
                             blocks, finished, waiting=len(self._live) - len(requests))

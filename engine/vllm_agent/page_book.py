@@ -121,8 +121,9 @@ class PageBook:
         now = time.time()
         for rid, req in snap.requests.items():
             phase = "prefill" if req.needed_tokens < req.prompt_len else "decode"
-            record = {"request_id": rid, "slot": self.slots[rid], "tenant": "", "prompt_len": req.prompt_len,
-                      "phase": phase, "pages": {POOL: len(req.block_ids)}, "tokens": req.output_tokens}
+            record = {"request_id": rid, "slot": self.slots[rid], "tenant": req.tenant or "",
+                      "prompt_len": req.prompt_len, "phase": phase, "pages": {POOL: len(req.block_ids)},
+                      "tokens": req.output_tokens}
             if self._records.get(rid) != record:
                 arrival = self._records.get(rid, {}).get("arrival", now)
                 self._records[rid] = {**record, "arrival": arrival}

@@ -21,6 +21,8 @@ class RequestView:
     # vLLM moved its computed tokens back after a KV load failed (it recomputes from the first
     # failed block, keeping the blocks it holds): its table may be longer than its tokens need
     rewound: bool = False
+    salt_tag: str | None = None  # its cache_salt as tenant_share.salt_tag names it (None: no salt), never the salt
+    tenant: str | None = None  # its tenant as the operator's tenant_field maps it (None: not mapped)
 
 
 @dataclass(frozen=True)

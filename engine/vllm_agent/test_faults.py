@@ -7,7 +7,8 @@ and call in here only when a fault was configured. Production configs name none,
 this runs.
 
 - the agent (`PageWardenConnector`, test_fault): `break_scheduler_state` once, one of
-  AGENT_FAULTS, to prove its checks see it;
+  AGENT_FAULTS, to prove its checks see it; "salt_ignored" instead makes vLLM's block hash leave
+  out the cache_salt of requests that ask for it (`ignore_salt_when_asked`), the vllm#44701 class;
 - the verifying connector (test_fault): TRANSFER_FAULTS. "short_transfer" leaves each
   consumer load's last blocks unwritten while the inner connector reports it finished (the
   2026 incident); "per_request" lets each request's kv_transfer_params[TEST_KEY] say whether
@@ -21,9 +22,10 @@ import logging
 import os
 
 ALLOW_ENV = "PAGEWARDEN_ALLOW_FAULTS"
-AGENT_FAULTS = ("swap_block", "ref_drop", "extra_block", "share_partial")
+AGENT_FAULTS = ("swap_block", "ref_drop", "extra_block", "share_partial", "salt_ignored")
 TRANSFER_FAULTS = ("short_transfer", "per_request")
-TEST_KEY = "pagewarden_test"  # per_request: {"fault": bool, "verify": bool} in kv_transfer_params
+# per_request: {"fault": bool, "verify": bool} in kv_transfer_params; salt_ignored: "salt_ignored" in vllm_xargs
+TEST_KEY = "pagewarden_test"
 
 logger = logging.getLogger("vllm.pagewarden.test_faults")
 
@@ -62,6 +64,27 @@ def break_scheduler_state(fault: str, manager, block_pool, live) -> bool:
     else:
         return False
     return True
+
+
+def ignore_salt_when_asked(kv_cache_utils) -> None:
+    """salt_ignored: from now on, in this process, vLLM's block hash (`kv_cache_utils`, the module
+    vllm.v1.core.kv_cache_utils, passed in by the connector) leaves out the cache_salt of each
+    request whose `vllm_xargs` carry {TEST_KEY: "salt_ignored"} (the others keep theirs, so one
+    vLLM serves a test's every case). Such requests share prefix blocks across salts, as under a
+    hash that drops the salt (vllm#44701, sglang#37160). The request's own `cache_salt` is kept:
+    the agent sees the salts that should have kept the blocks apart."""
+    real = kv_cache_utils.generate_block_hash_extra_keys
+
+    def without_salt(request, start_token_idx, end_token_idx, start_mm_idx):
+        keys, mm_idx = real(request, start_token_idx, end_token_idx, start_mm_idx)
+        extra = getattr(request.sampling_params, "extra_args", None) or {}
+        if keys and extra.get(TEST_KEY) == "salt_ignored":
+            keys = tuple(k for k in keys if k[0] != "cache_salt") or None
+        return keys, mm_idx
+
+    kv_cache_utils.generate_block_hash_extra_keys = without_salt
+    logger.warning("PageWarden test fault salt_ignored: block hashes leave out the cache_salt of requests asking "
+                   "%s=salt_ignored", TEST_KEY)
 
 
 # ---- the verifying connector: a short transfer ------------------------------------------

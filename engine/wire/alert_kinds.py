@@ -134,6 +134,34 @@ ALERT_KINDS = (
                "vLLM version and the flags the server was started with",
                _NOTIFY_TENANTS,
                _DRAIN), reaches_reply=True),
+    AlertKind("cross_tenant_share", "critical", True, True,
+              "a vLLM prefix-cache block reached requests of different cache salts (vLLM agent)",
+              ("Read the detail: requests of different cache_salts shared a block, which vLLM never does while "
+               "it hashes the salt. Restart vLLM with --no-enable-prefix-caching until it is fixed",
+               _SNAPSHOT_NOW,
+               _NOTIFY_TENANTS,
+               "Salts are secrets: the alert names each by the first 8 hex digits of its SHA-256. Hash your "
+               "tenants' salts the same way to tell whose they are; file a crossing against vLLM with the "
+               "snapshot and its version")),
+    AlertKind("prefix_cache_shared", "warning", False, False,
+              "a vLLM prefix-cache block reached requests of different tenants under one salt, or none (vLLM agent)",
+              ("A finding of configuration, not a crossing: each tenant's cache hits (its time to first token) "
+               "reveal the other's prompts, token by token (InputSnatch, PROMPTPEEK)",
+               "Send a per-tenant cache_salt in every request (vLLM's API takes it in the body), or route each "
+               "tenant to its own instance",
+               "Check the agent's tenant_field names the request field that says the tenant",
+               "Verify with the probe's cache_salt check (Tools → Probe an OpenAI endpoint…) once salts are set")),
+    AlertKind("cache_salt_shared", "critical", False, False,
+              "requests with different cache_salt values reused each other's prefix cache (the app's cache_salt check)",
+              ("Read the detail: how many different-salt requests reported cached tokens (or ran as fast as hits), "
+               "and whether the check ran with --no-salt (an ablation: then the sharing was asked for)",
+               "Until fixed, any tenant can time another's prompts through the shared cache: turn prefix caching off "
+               "on that endpoint (vLLM: --no-enable-prefix-caching) or route each tenant to its own instance",
+               "Check that every hop (gateway, router, proxy) forwards each request's cache_salt unchanged: a hop that "
+               "drops it puts all tenants in one cache namespace",
+               "Check the engine honours cache_salt (vLLM 0.9 or later, on /v1/completions and /v1/chat/completions)",
+               "Run the check again (Tools → Probe an OpenAI endpoint…, Check cache_salt isolation) until it says "
+               "salt isolation holds")),
     AlertKind("internal_error", "error", False, False, "the server failed to handle a message",
               ("One message failed (its client got internal_error); the engine went on serving",
                "The subject names where and the exception type, the detail the message: export a snapshot "

@@ -1,9 +1,11 @@
-"""ProbeSchedule: the leak probe run from the window against an OpenAI-compatible endpoint,
-every N minutes until stopped, and the local alerts its results become.
+"""ProbeSchedule: the leak probe (or, asked, the cache_salt check) run from the window
+against an OpenAI-compatible endpoint, every N minutes until stopped, and the local alerts
+its results become.
 
 Qt-free: the window's timer asks `due(now)`, a worker thread runs the rounds, and the
-window hands each round (or error) back here; this file builds the AlertRow records
-(`canary_marker_in_output` per finding, `probe_error` per failure) and the status text.
+window hands each round (or error, or salt-check report) back here; this file builds the
+AlertRow records (`canary_marker_in_output` per finding, SALT_SHARED_KIND when salts share
+the cache, `probe_error` per failure or undecided salt check) and the status text.
 The clock is the caller's (time.monotonic in the window, a number in the tests).
 """
 
@@ -13,7 +15,8 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from engine.wire.alert_kinds import alert_kind
+from engine.adapters.salt_check import DEFAULT_PAIRS, HOLDS, PAIRS, SHARED
+from engine.wire.alert_kinds import BY_NAME, alert_kind
 from engine.wire.states import AlertState
 from gui.model.engine_state import AlertRow
 
@@ -21,6 +24,9 @@ MAX_ROUNDS = 50  # as `main.py probe`
 MAX_EVERY_MINUTES = 24 * 60
 DEFAULT_URL = "http://127.0.0.1:8000"
 ALERT_PREFIX = "probe:"  # ids of local alerts: the engine never sees them
+# Salts sharing the cache: its own kind once declared in engine/wire/alert_kinds.py (proposed,
+# not yet there); until then the black-box probe's critical finding kind.
+SALT_SHARED_KIND = "cache_salt_shared" if "cache_salt_shared" in BY_NAME else "canary_marker_in_output"
 
 
 @dataclass(frozen=True)
@@ -30,10 +36,13 @@ class ProbeRequest:
     rounds: int = 3
     every_minutes: float = 0.0  # 0: once
     allow_remote: bool = False
+    salt_check: bool = False  # the cache_salt check instead of leak rounds
+    pairs: int = DEFAULT_PAIRS  # of each kind, for the salt check
 
 
 def check_probe_request(url: str, model: str = "", rounds: int = 3, every_minutes: float = 0.0,
-                        allow_remote: bool = False, *, is_loopback=None) -> ProbeRequest:
+                        allow_remote: bool = False, *, is_loopback=None, salt_check: bool = False,
+                        pairs: int = DEFAULT_PAIRS) -> ProbeRequest:
     """What the dialog holds -> ProbeRequest. Raises ValueError naming the field and value.
     `is_loopback(host)` decides which hosts need `allow_remote` (engine.wire.sockets.is_loopback_host)."""
     url = url.strip()
@@ -46,11 +55,13 @@ def check_probe_request(url: str, model: str = "", rounds: int = 3, every_minute
         raise ValueError(f"URL {url!r} has a port outside 0..65535") from None
     if is_loopback is not None and not is_loopback(parts.hostname) and not allow_remote:
         raise ValueError(f"URL host {parts.hostname} is not loopback; tick 'Allow a remote host' to probe it")
-    if not 1 <= rounds <= MAX_ROUNDS:
+    if not salt_check and not 1 <= rounds <= MAX_ROUNDS:
         raise ValueError(f"Rounds {rounds} is outside 1..{MAX_ROUNDS}")
+    if salt_check and not PAIRS[0] <= pairs <= PAIRS[1]:
+        raise ValueError(f"Pairs {pairs} is outside {PAIRS[0]}..{PAIRS[1]}")
     if not 0 <= every_minutes <= MAX_EVERY_MINUTES:
         raise ValueError(f"Every {every_minutes:g} minutes is outside 0..{MAX_EVERY_MINUTES} (0: once)")
-    return ProbeRequest(url, model.strip() or None, rounds, float(every_minutes), allow_remote)
+    return ProbeRequest(url, model.strip() or None, rounds, float(every_minutes), allow_remote, salt_check, pairs)
 
 
 @dataclass
@@ -67,6 +78,7 @@ class ProbeSchedule:
     findings: int = 0
     errors: int = 0
     last_error: str = ""
+    salt_verdict: str = ""  # the last salt check's
     alerts: list[AlertRow] = field(default_factory=list)
 
     def __post_init__(self):
@@ -117,6 +129,19 @@ class ProbeSchedule:
         self.findings += len(report.findings)
         return new
 
+    def add_salt_report(self, report, when: float | None = None) -> list[AlertRow]:
+        """A SaltReport -> a critical alert when salts share the cache, a warning when the
+        check could not say that isolation holds (no cache seen, inconclusive), none when it holds."""
+        when = time.time() if when is None else when
+        self.salt_verdict = report.verdict
+        if report.verdict == HOLDS:
+            return []
+        detail = "\n".join(report.lines()) + f"\nrun {self.runs} (black-box cache_salt check)"
+        if report.verdict == SHARED:
+            self.findings += 1
+            return [self._alert(f"r{self.runs}-salt", SALT_SHARED_KIND, "critical", detail, when)]
+        return [self._alert(f"r{self.runs}-salt", "probe_error", "warning", detail, when)]
+
     def add_error(self, message: str, when: float | None = None) -> AlertRow:
         """The run could not probe (unreachable, refused, not the API) -> a warning alert."""
         when = time.time() if when is None else when
@@ -132,9 +157,13 @@ class ProbeSchedule:
         return row
 
     def status_text(self, now: float) -> str:
-        """"probe: 3 rounds, 1 finding · next in 4 min" — for the status bar."""
-        text = (f"probe: {self.rounds} round{'s' * (self.rounds != 1)}, "
-                f"{self.findings} finding{'s' * (self.findings != 1)}")
+        """"probe: 3 rounds, 1 finding · next in 4 min" (or "salt check: salt isolation holds
+        · done") — for the status bar."""
+        if self.request.salt_check:
+            text = f"salt check: {self.salt_verdict or 'no verdict yet'}"
+        else:
+            text = (f"probe: {self.rounds} round{'s' * (self.rounds != 1)}, "
+                    f"{self.findings} finding{'s' * (self.findings != 1)}")
         if self.errors:
             text += f", {self.errors} error{'s' * (self.errors != 1)}"
         if self.running:

@@ -118,3 +118,53 @@ def test_the_probe_works_in_the_kv_event_mode_too(qtbot, window):
     schedule_through_dialog(qtbot, window, f"http://127.0.0.1:{port}", rounds=1)
     qtbot.waitUntil(lambda: any(r.kind == "probe_error" for r in window.alerts_table.model.rows), timeout=60_000)
     assert window.bottom_tabs.isVisible()
+
+
+def salt_check_through_dialog(qtbot, window: MainWindow, url: str, pairs: int) -> ProbeDialog:
+    window.probe_action.trigger()
+    dialog = window.probe_dialog
+    qtbot.waitUntil(dialog.isVisible, timeout=10_000)
+    dialog.url.setText(url)
+    dialog.salt_check.setChecked(True)
+    assert not dialog.rounds.isEnabled() and dialog.pairs.isEnabled()
+    dialog.pairs.setValue(1)
+    ok = dialog.buttons.button(QDialogButtonBox.StandardButton.Ok)
+    assert not ok.isEnabled() and dialog.error.text() == "Pairs 1 is outside 2..64"
+    dialog.pairs.setValue(pairs)
+    assert ok.isEnabled(), dialog.error.text()
+    ok.click()
+    assert dialog.isVisible() and dialog.salt_running and not ok.isEnabled()  # stays open for its verdict
+    assert dialog.salt_result.text().startswith("Running the salt check")
+    return dialog
+
+
+@pytest.mark.parametrize("mode", ["share", "isolate"])
+def test_the_salt_check_from_the_dialog_shows_its_verdict_and_alerts_on_sharing(qtbot, window, mode):
+    """Off the GUI thread (the window's probe thread), the verdict shown in the dialog; salts
+    sharing the cache is a critical local alert, isolation none."""
+    from engine.adapters.salt_check import HOLDS, SHARED
+    from gui.model.probe_schedule import SALT_SHARED_KIND
+    from tests.engine.adapters.fake_cache_server import FakeCacheServer
+
+    with FakeCacheServer(mode) as server:
+        dialog = salt_check_through_dialog(qtbot, window, server.url, pairs=4)
+        qtbot.waitUntil(lambda: not dialog.salt_running, timeout=120_000)
+        assert len(server.bodies) == 1 + 4 * 4
+    verdict = SHARED if mode == "share" else HOLDS
+    text = dialog.salt_result.text()
+    assert text.startswith(f"salt check {server.url} model fake-copy: {verdict}"), text
+    assert "cached_tokens: same salt hit 4 of 4" in text and "same-salt seconds vs cold: D " in text
+    assert dialog.buttons.button(QDialogButtonBox.StandardButton.Ok).isEnabled()  # may run again
+    qtbot.waitUntil(lambda: not window.probe.active, timeout=10_000)
+    assert window.probe_status.text() == f"salt check: {verdict} · done"
+    shared = alerts_of(window, SALT_SHARED_KIND)
+    assert not alerts_of(window, "probe_error"), [a.detail for a in alerts_of(window, "probe_error")]
+    if mode == "share":
+        (alert,) = shared
+        assert alert.severity == "critical" and alert.detail.startswith(f"salt check {server.url}")
+        assert "crosses tenants" in alert.detail
+        qtbot.waitUntil(lambda: any(r.kind == SALT_SHARED_KIND for r in window.alerts_table.model.rows),
+                        timeout=10_000)
+    else:
+        assert not shared
+    dialog.reject()

@@ -104,3 +104,26 @@ def test_errors_become_probe_error_warnings():
     schedule.end_run()
     assert schedule.status_text(1.0) == "probe: 1 round, 0 findings, 1 error · done"
     assert schedule.last_error.startswith("cannot reach")
+
+
+def test_salt_check_reports_become_alerts_by_verdict():
+    from engine.adapters.salt_check import HOLDS, INCONCLUSIVE, NO_CACHE, SHARED, SaltReport
+    from gui.model.probe_schedule import SALT_SHARED_KIND
+
+    request = check_probe_request(URL, salt_check=True, pairs=4, is_loopback=is_loopback)
+    assert request.salt_check and request.pairs == 4
+    with pytest.raises(ValueError, match=r"^Pairs 65 is outside 2\.\.64$"):
+        check_probe_request(URL, salt_check=True, pairs=65)
+    schedule = ProbeSchedule(request, 0.0)
+    assert schedule.status_text(0.0) == "salt check: no verdict yet · next in 0 s"
+    schedule.start_run(0.0)
+    kinds = {}
+    for verdict in (HOLDS, SHARED, NO_CACHE, INCONCLUSIVE):
+        report = SaltReport(URL, "copy", 1000, False, verdict=verdict, reasons=[f"because {verdict}"])
+        kinds[verdict] = [(a.kind, a.severity) for a in schedule.add_salt_report(report, when=1.0)]
+    assert kinds == {HOLDS: [], SHARED: [(SALT_SHARED_KIND, "critical")], NO_CACHE: [("probe_error", "warning")],
+                     INCONCLUSIVE: [("probe_error", "warning")]}
+    assert schedule.alerts[0].detail.startswith(f"salt check {URL} model copy: {SHARED}\nbecause {SHARED}")
+    assert all(a.id.startswith(ALERT_PREFIX) for a in schedule.alerts)
+    schedule.end_run()
+    assert schedule.status_text(5.0) == f"salt check: {INCONCLUSIVE} · done"

@@ -24,8 +24,10 @@ from engine.adapters.openai_http import OpenAIHttp
 from engine.config import REPO_ROOT
 
 FAULTS = {"placeholder_on_reject": True, "skip_scrub": True}
+# the 2026 incident's engine had no prefix cache: with one, finished prompts' pages stay cached
+# instead of going back stale to the next reservation, and the placeholder reads nothing of them
 SMALL = {"engine": {"context_window": 512, "page_size": 16, "max_batch": 8},
-         "pools": {"prefill": {"pages": 64}, "decode": {"pages": 128}}}
+         "pools": {"prefill": {"pages": 64}, "decode": {"pages": 128}}, "prefix_cache": {"scope": "off"}}
 
 
 def probe(*args: str) -> tuple[int, dict | None, str]:
