@@ -116,8 +116,12 @@ def fault_scenario(fault: Switch) -> Scenario:
     unknown = [name for name in staging.with_faults if name not in FAULT_NAMES]
     if unknown:
         raise ValueError(f"fault {fault.name}: with_faults names unknown faults {unknown}")
+    # a prefix cache keeps finished prompts' pages cached instead of handing them, stale, to the
+    # next reservation: the faults that need stale pages are staged as they happened, without one
+    scope = "tenant" if staging.workload == "shared_prefix" else "off"
     return Scenario(staging.scenario or fault.name.replace("_", "-"), staging.story or fault.help,
                     faults=dict.fromkeys((fault.name, *staging.with_faults), True),
+                    sections={"prefix_cache": {"scope": scope}},
                     workload=WORKLOADS[staging.workload], tenant=staging.tenant,
                     rows=(*ROWS, *staging.extra_rows))
 

@@ -228,9 +228,10 @@ class PagePool:
             page = int(wrong[0])
             raise IsolationError(f"page {page} of pool {self.name!r} cannot leave the prefix cache: owner "
                                  f"{int(self.owner[page])}, {int(self.holders[page])} holder(s)")
-        pages = ids.astype(np.int32)
-        if not len(pages):
+        freed: npt.NDArray[np.int32] = ids.astype(np.int32)
+        if not len(freed):
             return
+        pages = freed
         self._scrub(pages)
         self.page_key[self._index(pages)] = 0
         self.owner[pages] = FREE_OWNER

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -139,7 +140,7 @@ class PrefixCache:
         pool.mark_dirty(pages)
         pool.evictable_pages = len(self._idle)
 
-    def withdraw(self, pages) -> list[int]:
+    def withdraw(self, pages: npt.NDArray[np.integer[Any]] | list[int]) -> list[int]:
         """Shared pages a reader found failing I1 leave the index: nobody new takes them, and
         their bytes stay as evidence until the last holder lets go, then are scrubbed.
         Returns those of `pages` that were shared."""
@@ -163,7 +164,7 @@ class PrefixCache:
     def make_room(self, n: int) -> int:
         """Evict idle cached pages, least recently released first, until `n` pages are free
         (or none is idle). Returns how many were evicted."""
-        pool, evicted = self.pool, []
+        pool, evicted = self.pool, list[int]()
         while pool.free_pages + len(evicted) < n and self._idle:
             page, _ = self._idle.popitem(last=False)
             del self.index[int(self._index_key[page])]

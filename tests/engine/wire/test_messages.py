@@ -8,7 +8,6 @@ import inspect
 import math
 import re
 
-import msgspec
 import pytest
 
 from engine.wire.messages import control, to_client, to_supervisor, to_worker
