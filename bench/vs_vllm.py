@@ -17,8 +17,14 @@ with canaries off) is started, warmed up, then measured with `POST /v1/completio
 special ids left out; for the byte-level `copy` checkpoint printable ASCII only, so that each
 token is one character and our server sends one SSE chunk per token), 128 new tokens, greedy,
 `ignore_eos`. The cases are interleaved within a server's run, repeated --reps times. Neither
-server caches prefixes (vLLM is started with prefix caching off; ours has none), so repeated
-prompts are computed again.
+server caches prefixes on this workload (vLLM is started with prefix caching off, ours with
+[prefix_cache] scope = "off"), so repeated prompts are computed again.
+
+`--workload shared-prefix`: both prefix caches on (vLLM's, ours at scope "tenant": every request
+here is one tenant). Each prompt is one of 3 system prompts of 512 ids followed by a user part
+of 64 ids; every rep (and the warm-up) draws fresh user parts, so only the system prompts can be
+cached between requests, as in a chat service. Default concurrency 16 and 64. Ours runs with
+every defence on, its shared pages checked by the extended I1 in every decode step.
 
 The two servers run one after the other, never together: this machine class has 2 cores, and
 an idle vLLM spins on one (sched_yield), so a second server beside it would be measured against a
@@ -355,8 +361,28 @@ async def run_batch(session, url: str, model: str, prompts: list[list[int]], new
     return batch
 
 
-async def measure(url: str, prompts: list[list[int]], args) -> dict:
-    """Warm up, then every case per rep, interleaved. Returns {"model", "cases": {case: [batch...]}}."""
+def prompt_sets(prompts, reps: int) -> list[list[list[int]]]:
+    """[warm-up, rep 1, ..., rep N] prompt lists: one list (the plain workload) is every set."""
+    if prompts and isinstance(prompts[0][0], int):
+        return [prompts] * (reps + 1)
+    return prompts
+
+
+def shared_prefix_prompts(n: int, reps: int, low: int, high: int, *, exclude: tuple[int, ...] = (),
+                          seed: int = 0, systems: int = 3, system_len: int = 512,
+                          user_len: int = 64) -> list[list[list[int]]]:
+    """[warm-up, rep 1, ..., rep N] sets of n prompts: system prompt i % 3, then a user part
+    drawn afresh for every set."""
+    heads = make_prompts(systems, system_len, low, high, exclude=exclude, seed=seed)
+    return [[heads[i % systems] + user for i, user in
+             enumerate(make_prompts(n, user_len, low, high, exclude=exclude, seed=seed + 1 + k))]
+            for k in range(reps + 1)]
+
+
+async def measure(url: str, prompts, args) -> dict:
+    """Warm up, then every case per rep, interleaved (prompts: one list, or prompt_sets' form).
+    Returns {"model", "cases": {case: [batch...]}}."""
+    sets = prompt_sets(prompts, args.reps)
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=900)
@@ -367,14 +393,15 @@ async def measure(url: str, prompts: list[list[int]], args) -> dict:
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         async with session.get(url + "/v1/models") as resp:
             model = (await resp.json())["data"][0]["id"]
+        warm = sets[0]
         for c in args.concurrency:  # warm-up: every batch size once, short, and one stream
-            await run_batch(session, url, model, prompts[:c], min(args.new_tokens, 8), False)
-        await run_batch(session, url, model, prompts[:1], min(args.new_tokens, 8), True)
+            await run_batch(session, url, model, warm[:c], min(args.new_tokens, 8), False)
+        await run_batch(session, url, model, warm[:1], min(args.new_tokens, 8), True)
         cases: dict[str, list] = {case_name(c, s): [] for c in args.concurrency for s in (True, False)}
         for rep in range(args.reps):
             for c in args.concurrency:
                 for stream in (True, False):
-                    batch = await run_batch(session, url, model, prompts[:c], args.new_tokens, stream)
+                    batch = await run_batch(session, url, model, sets[1 + rep][:c], args.new_tokens, stream)
                     cases[case_name(c, stream)].append(batch)
                     print(f"    rep {rep + 1} {case_name(c, stream):12s} {batch['tok_s']:9,.1f} tok/s", flush=True)
     return {"model": model, "cases": cases}
@@ -397,7 +424,7 @@ def run_vllm(model_dir: Path, prompts, args, pin) -> dict:
     top = max(args.concurrency)
     server = VllmServer(model=model_dir, num_blocks=vllm_blocks(top, args.prompt, args.new_tokens),
                         block_size=VLLM_BLOCK, max_model_len=max(512, args.prompt + args.new_tokens),
-                        prefix_caching=False, pin=pin)
+                        prefix_caching=args.workload == "shared-prefix", pin=pin)
     t0 = time.perf_counter()
     with server:
         print(f"  vLLM ready in {time.perf_counter() - t0:.0f} s (log {server.log_path})", flush=True)
@@ -418,10 +445,12 @@ def run_ours(model_dir: Path, prompts, args, work: Path, sections: dict | None =
 
     top = max(args.concurrency)
     pages = our_pages(top, args.prompt, args.new_tokens)
+    sections = {"prefix_cache": {"scope": "tenant" if args.workload == "shared-prefix" else "off"},
+                **(sections or {})}
     config = write_config(work / "ours.toml", model={"path": str(model_dir)},
                           engine={"max_batch": max(64, top), "max_prefill_tokens": max(4096, top * args.prompt)},
                           canaries={"enabled": False}, workers={"threads": args.ours_threads},
-                          pools={"prefill": {"pages": pages}, "decode": {"pages": pages}}, **(sections or {}))
+                          pools={"prefill": {"pages": pages}, "decode": {"pages": pages}}, **sections)
     t0 = time.perf_counter()
     server = LocalServer(config, "--http-port", "0")
     try:
@@ -438,7 +467,7 @@ def run_ours(model_dir: Path, prompts, args, work: Path, sections: dict | None =
                 client.close()
 
         with ThreadPoolExecutor(top) as pool:
-            token_ids = list(pool.map(ids, prompts[:top]))
+            token_ids = list(pool.map(ids, prompt_sets(prompts, args.reps)[-1][:top]))
     except BaseException:
         print(server.log()[-4000:], file=sys.stderr)
         raise
@@ -496,8 +525,12 @@ def checkpoint(name: str) -> tuple[Path, tuple[int, int]]:
 def bench_checkpoint(name: str, args, pin, work: Path) -> dict:
     model_dir, (low, high) = checkpoint(name)
     ensure_checkpoint(name, model_dir)
-    prompts = make_prompts(max(args.concurrency), args.prompt, low, high, exclude=special_ids(model_dir),
-                           seed=args.seed)
+    if args.workload == "shared-prefix":
+        prompts = shared_prefix_prompts(max(args.concurrency), args.reps, low, high,
+                                        exclude=special_ids(model_dir), seed=args.seed)
+    else:
+        prompts = make_prompts(max(args.concurrency), args.prompt, low, high, exclude=special_ids(model_dir),
+                               seed=args.seed)
     servers = [s for s in SERVERS if args.only in (None, s)]
     rounds = []
     for r in range(args.rounds):
@@ -511,7 +544,8 @@ def bench_checkpoint(name: str, args, pin, work: Path) -> dict:
     summary = {s: {case: summarize_case([b for got in rounds for b in got[s]["cases"][case]]) for case in cases}
                for s in servers}
     identical = identical_outputs(rounds[-1]["vllm"], rounds[-1]["ours"]) if len(servers) == 2 else None
-    title = (f"\n== {name} ({model_dir.name}): prompt {args.prompt} ids, {args.new_tokens} new tokens, greedy, "
+    title = (f"\n== {name} ({model_dir.name}): {args.workload}, prompt {args.prompt} ids, {args.new_tokens} new "
+             f"tokens, greedy, "
              f"{args.reps} rep(s) x {args.rounds} round(s) ==")
     print(format_table(title, cases, summary, identical), flush=True)
     return {"model_dir": str(model_dir), "prompts": prompts, "summary": summary, "identical": identical,
@@ -529,6 +563,8 @@ def parse_args(argv=None):
     p.add_argument("--prompt", type=int, default=64, help="prompt length in token ids")
     p.add_argument("--seed", type=int, default=0, help="prompt seed")
     p.add_argument("--quick", action="store_true", help="1 rep, concurrency 1 and 16, 32 new tokens")
+    p.add_argument("--workload", choices=("plain", "shared-prefix"), default="plain",
+                   help="shared-prefix: 3 system prompts of 512 ids + 64-id user parts, both prefix caches on")
     p.add_argument("--only", choices=SERVERS, default=None, help="run one server only")
     p.add_argument("--ours-threads", type=int, default=0,
                    help="our workers.threads (default 0: the cores shared among the workers computing)")
@@ -536,6 +572,9 @@ def parse_args(argv=None):
     p.add_argument("--json", type=Path, default=None, help="write every raw number here")
     args = p.parse_args(argv)
     args.reps = args.reps or (1 if args.quick else 5)
+    if args.workload == "shared-prefix":
+        args.prompt = 512 + 64  # for sizing the pools and the window
+        args.concurrency = args.concurrency or [16, 64]
     args.concurrency = args.concurrency or ([1, 16] if args.quick else [1, 16, 64])
     args.new_tokens = args.new_tokens or (32 if args.quick else 128)
     if min(args.reps, args.rounds, args.prompt, args.new_tokens, *args.concurrency) < 1:

@@ -161,8 +161,8 @@ class ModelRunner:
         pages, expected, pages_t, expected_t, keys_t, shared = self._block_tables(requests)
         rows, columns = np.arange(n), positions // ps
         slots = pages[rows, columns].astype(np.int64) * ps + positions % ps
-        if self.write_into_shared and shared is not None:
-            slots = self._misdirect(requests, pages, shared, slots)
+        if self.write_into_shared:
+            slots = self._misdirect(requests, pages, slots)
         # The block-table check, on the host: every page a request reads or writes must still
         # be its own, in the epoch it was granted (a stale page table names pages that are not),
         # or a page it holds through the prefix cache, which it may read and never write.
@@ -195,15 +195,16 @@ class ModelRunner:
         cross = self._cross_reads(requests, pages, ctx.attended) if audit else [_NO_READS] * n
         return DecodeResult(logits, violations, not_owned, cross)
 
-    def _misdirect(self, requests, pages, shared, slots):
-        """The shared_page_written fault: a request that holds shared pages writes its first
-        new token into the last of them, where its own next slot should have been."""
+    def _misdirect(self, requests, pages, slots):
+        """The shared_page_written fault: a request that took pages from the prefix cache
+        writes its first new token into the last of them, where its own next slot should have
+        been (the other holders of that page read it)."""
         ps = self.pool.page_size
         slots = slots.copy()
         for b, request in enumerate(requests):
-            cols = np.flatnonzero(shared[b])
-            if len(cols) and len(request.output_ids) == 1:
-                slots[b] = int(pages[b, cols[-1]]) * ps + int(slots[b]) % ps
+            taken = request.cached_tokens // ps
+            if taken and len(request.output_ids) == 1:
+                slots[b] = int(pages[b, taken - 1]) * ps + int(slots[b]) % ps
         return slots
 
     def _cross_reads(self, requests: list[Request], pages: np.ndarray, attended) -> list[np.ndarray]:

@@ -141,9 +141,10 @@ class QueryOps:
                     "audit_forgotten_until": engine.audit.forgotten_until})
 
     def ground_truth(self, call: Call) -> None:
-        """Every decode worker's own list of the cross-request reads it saw happen."""
+        """Every worker's own list of the cross-request reads it saw happen (a prefill worker's
+        too: a prefill attends the cached prefix it took from its pool)."""
         call.read(control.GroundTruth)
-        workers = [w for w in self.engine.workers.role("decode") if w.state == WorkerState.READY]
+        workers = [w for w in self.engine.workers.values() if w.state == WorkerState.READY]
         self.engine.asks.cross_reads(workers, call.identity, call.msg_id)
 
     def ack_alert(self, call: Call) -> None:

@@ -202,6 +202,9 @@ class WorkerLoop:
         """The defences and faults of `config`, where this worker has them."""
         self.engine.runner.check_writer_tags = config.defences.writer_tag_check
         self.engine.pool.scrub_enabled = config.scrubs_freed_pages
+        self.engine.runner.write_into_shared = config.faults.shared_page_written
+        if self.engine.cache is not None:
+            self.engine.cache.salt_ignored = config.faults.salt_ignored
 
     def forward_events(self) -> None:
         """Detections and ground-truth reads of the last step, to the supervisor's audit; the

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.client import PoolMirror
+from engine.wire.page_tags import SHARED_OWNER
 from gui.model.page_colors import FREE_PAGE, NO_PAGE, QUARANTINED_PAGE, PageColors
 
 GRID_ALIGN = 8
@@ -173,7 +174,7 @@ class PoolImage:
         self._display = None
 
     def _recompute_owner_image(self, pool: PoolMirror, index: np.ndarray) -> None:
-        owner, state = pool.arrays["owner"][index], pool.arrays["state"][index]
+        owner, state = colour_owner(pool, index), pool.arrays["state"][index]
         flat = self.owner_image.reshape(-1)
         new = self.colors.owner_indices(owner, state)
         delta = np.bincount(new, minlength=256) - np.bincount(flat[index], minlength=256)
@@ -183,9 +184,20 @@ class PoolImage:
         self.last_update_pages = len(new)
 
     def _recompute_display(self, pool: PoolMirror, index) -> None:
-        owner, state = pool.arrays["owner"][index], pool.arrays["state"][index]
+        owner, state = colour_owner(pool, index), pool.arrays["state"][index]
         flat = self._display.reshape(-1)
         if isinstance(index, slice):
             flat[:pool.num_pages] = self.colors.display_indices(owner, state)
         else:
             flat[index] = self.colors.display_indices(owner, state)
+
+
+def colour_owner(pool: PoolMirror, index) -> np.ndarray:
+    """The request slot each page is coloured by: its owner, or for a page the prefix cache
+    shares (owner SHARED_OWNER) the request that wrote it, whose salt (tenant) it carries."""
+    owner = pool.arrays["owner"][index]
+    shared = owner == SHARED_OWNER
+    if not shared.any():
+        return owner
+    writer_slot = (pool.arrays["writer"][index] >> 32).astype(owner.dtype)
+    return np.where(shared, writer_slot, owner)

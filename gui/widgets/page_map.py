@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.client import PoolMirror
-from engine.wire.page_tags import NO_WRITER, pack_tag, unpack_tag
+from engine.wire.page_tags import NO_WRITER, SHARED_OWNER, pack_tag, unpack_tag
 from gui import theme
 from gui.model.engine_state import EngineState
 from gui.model.page_colors import (
@@ -561,7 +561,12 @@ class PageMapWidget(StateView, QWidget):
         owner, state = int(a["owner"]), int(a["state"])
         state_name = STATE_NAMES[state] if state < len(STATE_NAMES) else f"unknown state {state}"
         lines = [f"{pool} · page {page:,} (row {row}, col {col})"]
-        if owner < 0:
+        if owner == SHARED_OWNER:
+            writer = int(a["writer"]) >> 32
+            rid, tenant = self._request_id_of_slot(writer), self._tenant_of_slot(writer)
+            who = f"request {rid} (slot {writer})" if rid else f"slot {writer}"
+            lines.append(f"owner: the prefix cache · written by {who} · carries tenant {tenant or '?'}'s salt")
+        elif owner < 0:
             lines.append("owner: none")
         else:
             rid, tenant = self._request_id_of_slot(owner), self._tenant_of_slot(owner)
