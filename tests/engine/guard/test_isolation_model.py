@@ -45,6 +45,9 @@ from engine.workers.transfer.receive import TransferReceiver
 from engine.workers.transfer.send import iter_transfer
 
 PAGE = 4
+# a two-page prefix some requests open with, so that the decode pool's prefix cache shares pages
+PREFIX = [72, 101, 108, 108, 111, 44, 32, 119]
+TENANTS = ("acme", "globex")
 # faults that make no read alone: they keep the data another fault's read finds, so each
 # directed run below turns them on beside its fault
 ENABLERS = ("skip_scrub",)
@@ -92,11 +95,14 @@ class IsolationMachine(RuleBasedStateMachine):
 
     # ---- the prefill side -------------------------------------------------------------
     @rule(target=flights, prompt_len=st.integers(1, 12), new_tokens=st.integers(1, 8),
-          over_long=st.booleans(), data=st.data())
-    def prefill_a_request(self, prompt_len, new_tokens, over_long, data):
+          over_long=st.booleans(), data=st.data(), shared=st.booleans(), tenant=st.sampled_from(TENANTS))
+    def prefill_a_request(self, prompt_len, new_tokens, over_long, data, shared=False, tenant="acme"):
         slot = next(self.slots)
         rid = f"r{slot}"
         ids = list(data.draw(st.lists(st.integers(0, 255), min_size=prompt_len, max_size=prompt_len)))[:prompt_len]
+        if shared:  # the common prefix, then a part of its own: 9 to 12 tokens
+            ids = PREFIX + ids[: max(1, prompt_len - len(PREFIX))]
+            prompt_len = len(ids)
         params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
         # an over-long request stands for one admission rejects; with the incident's fault and
         # the admission defence off, a one-token placeholder goes through prefill and transfer
@@ -113,7 +119,7 @@ class IsolationMachine(RuleBasedStateMachine):
         request.page_table = PageTable.from_grant(slot, PAGE, grant)
         logits = self.prefill.runner.prefill([request])
         pool.set_state(slot, grant.pages, PageState.WRITTEN)
-        flight = Flight(rid=rid, slot=slot, ids=ids, params=params, prefill=request, sent=sent,
+        flight = Flight(rid=rid, slot=slot, ids=ids, params=params, prefill=request, sent=sent, tenant=tenant,
                         first_token=int(logits[0].argmax()), chunks=None, reservation=None)
         self.live[rid] = flight
         return flight
@@ -123,23 +129,30 @@ class IsolationMachine(RuleBasedStateMachine):
     def reserve(self, flight):
         if flight.rid not in self.live or flight.reservation is not None:
             return
-        request = Request(flight.rid, flight.ids, flight.params, slot=flight.slot)
+        request = Request(flight.rid, flight.ids, flight.params, tenant=flight.tenant, slot=flight.slot,
+                          salt=self.decode.salt_for(flight.tenant, None))
         pool = self.decode.pool
         try:
-            self.decode.reserve(request)
+            self.decode.reserve(request)  # through the decode pool's prefix cache, as DecodeWorker.on_reserve
         except PoolExhausted:
             return
         table = request.page_table
-        prompt_pages = table.pages[: pool.pages_for_tokens(len(flight.ids))]
+        first = request.cached_tokens // PAGE  # the cached pages stay out of the transfer
+        prompt_pages = table.pages[first: pool.pages_for_tokens(len(flight.ids))]
         pool.set_state(flight.slot, prompt_pages, PageState.IN_FLIGHT)
         flight.reservation = Reservation(flight.rid, flight.slot, next(self.epochs), len(flight.ids),
-                                         prompt_pages.astype(np.int32), table.epochs[: len(prompt_pages)])
+                                         prompt_pages.astype(np.int32), table.epochs[first: first + len(prompt_pages)],
+                                         first_page=first)
         self.receiver.expect(flight.reservation)
         DecodeWorker._inject_faults(self.worker, request, prompt_pages)
-        messages = iter_transfer(self.prefill.pool, flight.prefill.page_table.pages, flight.reservation,
-                                 first_token=flight.first_token, tokens=flight.sent,
-                                 chunk_bytes=self.prefill.pool.layout.bytes_per_page)
-        messages = list(messages)
+        try:
+            messages = list(iter_transfer(self.prefill.pool, flight.prefill.page_table.pages[first:],
+                                          flight.reservation, first_token=flight.first_token, tokens=flight.sent,
+                                          chunk_bytes=self.prefill.pool.layout.bytes_per_page))
+        except ValueError:  # a placeholder shorter than the cached pages: the prefill worker fails it
+            self.prefill.pool.free(flight.slot, flight.prefill.page_table.pages)
+            self._end(flight)
+            return
         if self.config.faults.short_transfer:
             messages = _drop_last_page(messages)
         # the prefill side keeps its pages until the last chunk has left
@@ -156,6 +169,7 @@ class IsolationMachine(RuleBasedStateMachine):
         if event is None:
             return
         if event.kind == "complete":
+            self.decode.prompt_arrived(self.decode.requests[flight.rid])
             self.decode.adopt(flight.rid, flight.first_token)
         elif event.kind == "mismatch":
             self._end(flight)
@@ -182,7 +196,7 @@ class IsolationMachine(RuleBasedStateMachine):
     # ---- checks ------------------------------------------------------------------------
     def _check(self, events):
         truth = {e["request"] for e in events if e["kind"] == "cross_read"}
-        found = [e for e in events if e["kind"] == "ownership_violation"]
+        found = [e for e in events if e["kind"] == "ownership_violation" and _another_writer(e)]
         named = {e["request"] for e in found if e["foreign_slots"] and not e["masked"]}
         masked = {e["request"] for e in found if e["foreign_slots"] and e["masked"]}
         assert named == truth, (f"detector named {sorted(named)}, provenance says {sorted(truth)} read "
@@ -221,7 +235,14 @@ TestIsolationModel = IsolationMachine.TestCase
 # Where the machine meets a fault: the worker and pool code it runs, and its own rules, which
 # model the injections that live in code it does not run (the supervisor's admission in
 # prefill_a_request, the prefill worker's _ship in reserve).
-INJECTED_BY = (DecodeWorker._inject_faults, EngineConfig.scrubs_freed_pages.fget, IsolationMachine)
+INJECTED_BY = (DecodeWorker._inject_faults, EngineConfig.scrubs_freed_pages.fget, Engine.__init__, IsolationMachine)
+
+
+def _another_writer(event) -> bool:
+    """A detection that names a writer other than the reader (a request that wrote into a page
+    it shares finds its own tag there: its fault, not a read of another's data)."""
+    writers = {tuple(w)[0] for p in event["pages"] for w in (p.get("writers") or [p.get("writer")]) if w}
+    return not writers or writers != {event["slot"]}
 
 
 def test_every_fault_is_injected_in_the_machine():
@@ -243,7 +264,8 @@ def test_each_fault_with_its_defence_off_makes_reads_that_are_all_named(fault):
     flights = []
     for n in range(12):
         flight = machine.prefill_a_request(4 + n % 5, 6, fault == "placeholder_on_reject" and n % 2 == 0,
-                                           _Draw(n))
+                                           _Draw(n), shared=fault in ("salt_ignored", "shared_page_written"),
+                                           tenant=TENANTS[n % 2] if fault == "salt_ignored" else TENANTS[0])
         if isinstance(flight, Flight):
             flights.append(flight)
             machine.reserve(flight)
