@@ -135,7 +135,9 @@ def needs_restart(old: EngineConfig, new: EngineConfig, workers: Iterable[Worker
     engine_changed = {k for k in new_d["engine"] if new_d["engine"][k] != old_d["engine"][k]}
     structural = engine_changed - LIVE_ENGINE_KEYS - SUPERVISOR_ENGINE_KEYS
     for worker in workers:
+        # a new prefix-cache scope: the pages cached under the old one must not be found under it
         if structural or new_d["model"] != old_d["model"] or new_d["audit"] != old_d["audit"] or \
+                new_d["prefix_cache"] != old_d["prefix_cache"] or \
                 new_d["pools"][worker.role] != old_d["pools"][worker.role] or \
                 new_d["workers"]["threads"] != old_d["workers"]["threads"]:
             restart.add(worker.name)
