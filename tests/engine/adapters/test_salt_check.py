@@ -154,3 +154,22 @@ def test_the_cli_end_to_end():
         assert code == 3 and report["verdict"] == NO_CACHE, out
     code, report, out = salt_cli("--url", "http://127.0.0.1:9", "--pairs", "1", "--json")
     assert code == 2 and report["error"]["message"] == "--pairs 1 is outside 2..64", out
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("scope, no_salt, verdict", [("tenant", False, HOLDS), ("off", False, NO_CACHE),
+                                                     ("global", True, SHARED)])
+def test_the_check_against_our_own_served_engine(start_server, scope, no_salt, verdict):
+    """PageWarden's server takes cache_salt and reports prompt_tokens_details.cached_tokens:
+    salted, it holds; with no cache it says it cannot tell; unsalted under the global scope
+    (the ablation sends no salt in the different-salt pairs) it is shared."""
+    server = start_server("--http-port", "0", engine={"context_window": 2048, "page_size": 16},
+                          pools={"prefill": {"pages": 256}, "decode": {"pages": 512}},
+                          prefix_cache={"scope": scope})
+    check = open_salt_check(server.ready["http"], pairs=4, prefix_tokens=600, rate=20.0, timeout_s=120.0,
+                            no_salt=no_salt)
+    report = check.run()
+    assert report.counts_reported, report.lines()
+    assert report.verdict == verdict, report.lines()
+    if verdict == HOLDS:
+        assert report.same_hits == 4 and report.different_hits == 0
