@@ -491,7 +491,9 @@ class PageMapWidget(StateView, QWidget):
         if self.frame is not None:
             at = dt.datetime.fromtimestamp(self.frame.time).strftime("%H:%M:%S.%f")[:-5]
             notes.append(f"<b style='color:{theme.color('warning', t.name).name()}'>history: as at {at}</b>")
-        if view is not None and len(view.shared_pages):
+        if view is not None and (pool.has_refs or len(view.shared_pages)):
+            # said even when 0 for a pool that sends refs: the title keeps its two lines, and the
+            # map does not jump each time a page becomes shared or stops being so
             notes.append(f"{len(view.shared_pages):,} shared")
         if image.quarantined_pages:
             notes.append(f"<b style='color:{_hex(t.quarantined)}'>{image.quarantined_pages:,} quarantined</b>")

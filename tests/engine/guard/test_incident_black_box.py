@@ -32,6 +32,7 @@ def _engines(tiny_model, writer_tag_check: bool):
         model={"device": "cpu", "dtype": "float32"}, engine={"kernels": "torch", "page_size": 16},
         pools={"prefill": {"pages": 32}, "decode": {"pages": 64}},
         defences={"manifest_check": False, "writer_tag_check": writer_tag_check}, faults={"skip_scrub": True},
+        prefix_cache={"scope": "off"},  # the incident's engine: freed prompt pages go back, not to a cache
     )
     return Engine(config, tiny_model, pool="prefill"), Engine(config, tiny_model, pool="decode")
 
