@@ -210,12 +210,17 @@ class EngineState:
                 self.engine_epoch = tuple(b if b is not None else a for a, b in zip(before or (None,) * 3, epoch))
         self.engine = status.get("engine", self.engine)
         self.config = status.get("config", self.config)  # a brief status leaves it out
-        self.workers = [WorkerRow.from_wire(w, now) for w in status.get("workers", [])]
-        self.capacity = list(status.get("capacity", []))
         # a `workers` or `capacity` message published before this reply (still on its way,
-        # late under load) is older than what the reply says: _newer() drops it
+        # late under load) is older than what the reply says: _older_than_status() drops it;
+        # and the other way round, a reply made before a message this window already applied
+        # (the two come on different sockets) must not put the older state back
         seqs = status.get("telemetry_seq")
         self._status_seq = {k: v for k, v in seqs.items() if isinstance(v, int)} if isinstance(seqs, dict) else {}
+        applied = getattr(self, "_topic_seq", {})
+        if not self._status_older_than_topic("workers", applied):
+            self.workers = [WorkerRow.from_wire(w, now) for w in status.get("workers", [])]
+        if not self._status_older_than_topic("capacity", applied):
+            self.capacity = list(status.get("capacity", []))
         changed = {"workers", "capacity", "engine"}
         if "crossings" in status:
             self.new_crossings += self.crossings.update(status["crossings"], engine_epoch=self.run_number)
@@ -229,6 +234,7 @@ class EngineState:
         has not acknowledged stay: see CrossingWatch)."""
         self.run_number += 1
         self._status_seq = {}  # the new engine counts its topics from 1 again
+        self._topic_seq = {}
         self._retire_alerts()
         wall = time.time()
         marker = restart_marker(self.run_number, wall, previous_started, started)
@@ -272,13 +278,26 @@ class EngineState:
         seq = msg.get("seq")
         return isinstance(seq, int) and seq <= getattr(self, "_status_seq", {}).get(topic, 0)
 
+    def _status_older_than_topic(self, topic: str, applied: dict[str, int]) -> bool:
+        said = self._status_seq.get(topic)
+        return said is not None and topic in applied and said < applied[topic]
+
+    def _applied(self, msg: Message, topic: str) -> None:
+        seq = msg.get("seq")
+        if isinstance(seq, int):
+            if not hasattr(self, "_topic_seq"):
+                self._topic_seq: dict[str, int] = {}
+            self._topic_seq[topic] = seq
+
     def _on_workers(self, msg: Message, now: float) -> None:
         if not self._older_than_status(msg, "workers"):
             self.workers = [WorkerRow.from_wire(w, now) for w in msg.get("workers", [])]
+            self._applied(msg, "workers")
 
     def _on_capacity(self, msg: Message, now: float) -> None:
         if not self._older_than_status(msg, "capacity"):
             self.capacity = list(msg.get("findings", []))
+            self._applied(msg, "capacity")
 
     def _on_metrics(self, msg: Message, now: float) -> None:
         for name in METRIC_SERIES:

@@ -31,7 +31,11 @@ def test_a_dead_engine_reads_as_last_known_and_its_alerts_as_the_previous_engine
     decode_pid = next(w["pid"] for w in client.status()["workers"] if w["name"] == "decode-0")
     os.kill(decode_pid, signal.SIGKILL)  # an alert on the first engine
     qtbot.waitUntil(lambda: any(a.kind == "worker_crashed" for a in window.state.alerts.values()), timeout=60_000)
-    qtbot.waitUntil(lambda: connected_and_ready(window), timeout=120_000)  # restarted by the policy
+    # restarted by the policy: ready again *with another pid* (the crash alert can arrive before
+    # the workers list says crashed, and "ready" then is the list from before the crash)
+    qtbot.waitUntil(lambda: connected_and_ready(window) and all(
+        w.state == "ready" and w.pid not in (None, decode_pid) for w in window.state.workers if w.name == "decode-0"),
+        timeout=120_000)
     window.refresh()
     assert _worker_cells(window, 2) == ["ready", "ready"]
     live_pids = _worker_cells(window, 3)
