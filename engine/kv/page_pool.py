@@ -196,16 +196,7 @@ class PagePool:
         Raises IsolationError, changing nothing, when a page is out of range, listed twice,
         free already, or owned by another slot.
         """
-        pages = self._validated(slot, pages, "free")
-        if not len(pages):
-            return
-        self._scrub(pages)
-        self.owner[pages] = FREE_OWNER
-        self.state[pages] = PageState.FREE
-        top = self._free_top
-        self._free_stack[top : top + len(pages)] = pages[::-1]
-        self._free_top = top + len(pages)
-        self.mark_dirty(pages)
+        self._push_free(self._validated(slot, pages, "free"))
 
     def share(self, slot: int, pages: PageIds) -> None:
         """`slot`'s written pages go to the prefix cache: owner SHARED_OWNER, held by `slot`
@@ -229,11 +220,15 @@ class PagePool:
             raise IsolationError(f"page {page} of pool {self.name!r} cannot leave the prefix cache: owner "
                                  f"{int(self.owner[page])}, {int(self.holders[page])} holder(s)")
         freed: npt.NDArray[np.int32] = ids.astype(np.int32)
-        if not len(freed):
+        if len(freed):
+            self.page_key[self._index(freed)] = 0
+        self._push_free(freed)
+
+    def _push_free(self, pages: npt.NDArray[np.int32]) -> None:
+        """Scrub checked pages per policy and put them back on the free stack."""
+        if not len(pages):
             return
-        pages = freed
         self._scrub(pages)
-        self.page_key[self._index(pages)] = 0
         self.owner[pages] = FREE_OWNER
         self.state[pages] = PageState.FREE
         top = self._free_top
