@@ -321,9 +321,28 @@ def request_body(model: str, prompt: list[int], new: int, stream: bool) -> dict:
     return body
 
 
+async def _post(session, url: str, body: dict):
+    """The response to POST /v1/completions. A keep-alive connection the server closed as it
+    was reused (uvicorn under load; it failed a run with ServerDisconnectedError before any
+    reply) is retried on a new one, up to twice: nothing was answered, so nothing is counted
+    twice, and the reply's time still runs from the first send."""
+    import aiohttp
+
+    for attempt in range(3):
+        try:
+            return await session.post(url + "/v1/completions", json=body)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            if attempt == 2:
+                raise
+            RETRIES[url] = RETRIES.get(url, 0) + 1
+
+
+RETRIES: dict[str, int] = {}  # per server: requests sent again after a dropped keep-alive connection
+
+
 async def complete(session, url: str, body: dict) -> Reply:
     sent = time.perf_counter()
-    async with session.post(url + "/v1/completions", json=body) as resp:
+    async with await _post(session, url, body) as resp:
         if resp.status != 200:
             raise BenchError(f"{url}: HTTP {resp.status}: {(await resp.text())[:500]}")
         if not body["stream"]:
@@ -404,7 +423,9 @@ async def measure(url: str, prompts, args) -> dict:
                     batch = await run_batch(session, url, model, sets[1 + rep][:c], args.new_tokens, stream)
                     cases[case_name(c, stream)].append(batch)
                     print(f"    rep {rep + 1} {case_name(c, stream):12s} {batch['tok_s']:9,.1f} tok/s", flush=True)
-    return {"model": model, "cases": cases}
+    if RETRIES.get(url):
+        print(f"    {RETRIES[url]} request(s) sent again after a dropped keep-alive connection", flush=True)
+    return {"model": model, "cases": cases, "resent": RETRIES.get(url, 0)}
 
 
 # ---- the servers ------------------------------------------------------------------------------

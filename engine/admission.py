@@ -48,6 +48,9 @@ def check_prompt_ids(request_id: str, prompt_ids: list[int], vocab_size: int) ->
     """Raises InvalidRequest for an empty prompt or a token id outside the vocabulary."""
     if not prompt_ids:
         raise InvalidRequest(f"request {request_id}: the prompt is empty (at least 1 token needed)")
+    if all(type(tok) is int for tok in prompt_ids):  # what the wire decodes to: check the range at once
+        if min(prompt_ids) >= 0 and max(prompt_ids) < vocab_size:
+            return list(prompt_ids)
     ids = []
     for i, tok in enumerate(prompt_ids):
         if isinstance(tok, bool) or not isinstance(tok, numbers.Integral) or not 0 <= tok < vocab_size:

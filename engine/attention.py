@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch.nn import functional as F
 
@@ -33,10 +35,13 @@ class DenseCausalAttention:
         self.starts = None  # [S + 1] int64 for the C++ kernel, made on first use
         self.longest = max(seq_lens, default=0)
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if (self.longest <= self.CPU_KERNEL_MAX_TOKENS and q.stride(2) == 1 and q.stride(1) == q.shape[2]
+    def _kernel_takes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+        return (self.longest <= self.CPU_KERNEL_MAX_TOKENS and q.stride(2) == 1 and q.stride(1) == q.shape[2]
                 and k.stride(2) == 1 and k.stride() == v.stride() and cpu_extension.usable(q, k, v)
-                and cpu_extension.extension().vectorized_for(q.shape[-1])):
+                and cpu_extension.extension().vectorized_for(q.shape[-1]))
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self._kernel_takes(q, k, v):
             if self.starts is None:
                 self.starts = torch.tensor([0] + [end for _, end in self.bounds], dtype=torch.int64)
             out = torch.empty(q.shape, dtype=q.dtype)
@@ -94,27 +99,42 @@ class PagedPrefillAttention(DenseCausalAttention):
 class PagedPrefixPrefillAttention(PagedPrefillAttention):
     """A prefill whose leading prompt pages came from the prefix cache: each sequence computes
     only its suffix, whose queries attend the cached prefix (read from the pool, token slots
-    the caller checked against I1) and then, causally, the suffix itself."""
+    the caller checked against I1) and then, causally, the suffix itself.
+
+    The C++ kernel reads the prefix in place from the pool's pages (one call for the batch);
+    where it cannot run, each sequence gathers its prefix and runs SDPA with a mask."""
 
     def __init__(self, pool, kernels: KernelSet, seq_lens: list[int], slot_mapping, writer_tags,
-                 starts: list[int], prefix_slots: list[torch.Tensor | None]):
+                 prefix_pages: list[torch.Tensor]):
+        """prefix_pages: per sequence, int64 ids of the whole pages its cached prefix fills
+        (empty: none cached)."""
         super().__init__(pool, kernels, seq_lens, slot_mapping, writer_tags)
         self.pool = pool
-        self.starts, self.prefix_slots = starts, prefix_slots
+        self.prefix_pages = prefix_pages
+        self.cached = [len(pages) * pool.page_size for pages in prefix_pages]
+        self.longest = max((n + c for n, c in zip(seq_lens, self.cached)), default=0)
+        self._flat_pages = torch.cat(prefix_pages) if prefix_pages else torch.empty(0, dtype=torch.int64)
+        self._prefix_starts = torch.tensor([0, *itertools.accumulate(len(p) for p in prefix_pages)],
+                                           dtype=torch.int64)
         self._masks: dict[tuple[int, int], torch.Tensor] = {}
 
     def attend(self, layer, q, k, v):
         self.kv.write(layer, k, v)
-        ps = self.pool.page_size
         k_cache, v_cache = self.pool.k_cache(layer), self.pool.v_cache(layer)
+        if self._kernel_takes(q, k, v) and cpu_extension.usable(k_cache, v_cache):
+            if self.starts is None:
+                self.starts = torch.tensor([0] + [end for _, end in self.bounds], dtype=torch.int64)
+            out = torch.empty(q.shape, dtype=q.dtype)
+            cpu_extension.extension().causal_prefill(q, k, v, self.starts, q.shape[-1] ** -0.5, out, True,
+                                                     k_cache, v_cache, self._flat_pages, self._prefix_starts)
+            return out
         group = q.shape[1] // k.shape[1]
         out = torch.empty_like(q)
-        for (start, end), cached, slots in zip(self.bounds, self.starts, self.prefix_slots):
+        for (start, end), cached, pages in zip(self.bounds, self.cached, self.prefix_pages):
             ks, vs = k[start:end], v[start:end]
             if cached:
-                pages, offsets = slots // ps, slots % ps
-                ks = torch.cat([k_cache[pages, offsets], ks])
-                vs = torch.cat([v_cache[pages, offsets], vs])
+                ks = torch.cat([k_cache[pages].reshape(cached, *ks.shape[1:]), ks])
+                vs = torch.cat([v_cache[pages].reshape(cached, *vs.shape[1:]), vs])
             qs = q[start:end].transpose(0, 1)
             ks = ks.transpose(0, 1).repeat_interleave(group, dim=0)
             vs = vs.transpose(0, 1).repeat_interleave(group, dim=0)

@@ -94,10 +94,10 @@ class ModelRunner:
         slots = np.concatenate([r.page_table.slot_mapping(span) for r, span in zip(requests, spans)])
         tags = np.concatenate([r.page_table.tags_for(span) for r, span in zip(requests, spans)])
         if any(starts):
-            prefix = [self._tensor(r.page_table.slot_mapping(np.arange(s))) if s else None
-                      for r, s in zip(requests, starts)]
+            ps = self.pool.page_size
+            prefix = [self._tensor(r.page_table.pages[: s // ps].astype(np.int64)) for r, s in zip(requests, starts)]
             ctx = PagedPrefixPrefillAttention(self.pool, self.kernels, lens, self._tensor(slots), self._tensor(tags),
-                                              starts, prefix)
+                                              prefix)
         else:
             ctx = PagedPrefillAttention(self.pool, self.kernels, lens, self._tensor(slots), self._tensor(tags))
         self.pool.mark_dirty(slots // self.pool.page_size)
@@ -249,5 +249,4 @@ class ModelRunner:
             self._tables = (pages, expected, self._tensor(pages), self._tensor(expected),
                             None if keys is None else self._tensor(keys), shared)
             self._tables_key = key
-        return self._tables
         return self._tables

@@ -489,15 +489,23 @@ PathRows paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_ca
   return count.result();
 }
 
-// Causal self-attention of a prefill pass over its own fresh K/V (no pool): query token i of
-// a sequence attends tokens start..i of that sequence, with the same per-row code as decode.
+// Causal self-attention of a prefill pass over its own fresh K/V: query token i of a
+// sequence attends tokens start..i of that sequence, with the same per-row code as decode.
 // q [T, H, D], k/v [T, KVH, D], each with unit stride in D; starts [S + 1] int64, the packed
 // sequences' bounds; out [T, H, D] contiguous. Work goes out in blocks of 16 query tokens
 // per sequence and KV head. Each query re-reads its keys, O(n^2) reads per sequence: the
 // caller keeps long sequences on SDPA, whose blocked loops read K once per query block.
+//
+// A sequence may start after a cached prefix of whole pages already in the pool (the prefix
+// cache): prefix_pages lists them, sequence s owning prefix_pages[prefix_starts[s] ..
+// prefix_starts[s + 1]), and k_cache/v_cache are the layer's [pages, page_size, KVH, D] views.
+// Its queries then attend every prefix token first, then their own suffix causally. The
+// caller has checked those pages against I1 (their tags and prefix keys) before this reads them.
 // Returns the rows attended on each path, as paged_decode does.
 PathRows causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor starts, double scale,
-                        torch::Tensor out, bool vectorized) {
+                        torch::Tensor out, bool vectorized, c10::optional<torch::Tensor> k_cache,
+                        c10::optional<torch::Tensor> v_cache, c10::optional<torch::Tensor> prefix_pages,
+                        c10::optional<torch::Tensor> prefix_starts) {
   check_tensor(q, torch::kFloat32, "q");
   check_tensor(k, torch::kFloat32, "k");
   check_tensor(v, torch::kFloat32, "v");
@@ -516,6 +524,41 @@ PathRows causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
   const int64_t* st = starts.data_ptr<int64_t>();
   TORCH_CHECK(st[0] == 0 && st[S] == T, "starts must run from 0 to ", T);
   for (int64_t s = 0; s < S; ++s) TORCH_CHECK(st[s] <= st[s + 1], "starts must not decrease");
+  const bool prefixed = prefix_pages.has_value();
+  TORCH_CHECK(prefixed == prefix_starts.has_value() && prefixed == k_cache.has_value() &&
+              prefixed == v_cache.has_value(), "a cached prefix needs k_cache, v_cache, prefix_pages and prefix_starts");
+  const float *kc = nullptr, *vc = nullptr;
+  const int64_t *pp = nullptr, *pst = nullptr;
+  int64_t PS = 0, page_stride = 0, tok_stride = 0, head_stride = 0;
+  if (prefixed) {
+    check_tensor(*k_cache, torch::kFloat32, "k_cache");
+    check_tensor(*v_cache, torch::kFloat32, "v_cache");
+    check_tensor(*prefix_pages, torch::kInt64, "prefix_pages");
+    check_tensor(*prefix_starts, torch::kInt64, "prefix_starts");
+    TORCH_CHECK(k_cache->dim() == 4 && k_cache->sizes() == v_cache->sizes() &&
+                k_cache->strides() == v_cache->strides(),
+                "k_cache and v_cache must be [pages, page_size, kv_heads, head_dim] with the same strides");
+    TORCH_CHECK(k_cache->size(2) == KVH && k_cache->size(3) == D && k_cache->stride(3) == 1,
+                "k_cache must have ", KVH, " kv heads of head_dim ", D, " at unit stride");
+    TORCH_CHECK(prefix_starts->dim() == 1 && prefix_starts->is_contiguous() && prefix_starts->numel() == S + 1,
+                "prefix_starts must be [", S + 1, "]");
+    TORCH_CHECK(prefix_pages->dim() == 1 && prefix_pages->is_contiguous(), "prefix_pages must be contiguous [N]");
+    pst = prefix_starts->data_ptr<int64_t>();
+    pp = prefix_pages->data_ptr<int64_t>();
+    TORCH_CHECK(pst[0] == 0 && pst[S] == prefix_pages->numel(), "prefix_starts must run from 0 to ",
+                prefix_pages->numel());
+    for (int64_t s = 0; s < S; ++s) TORCH_CHECK(pst[s] <= pst[s + 1], "prefix_starts must not decrease");
+    const int64_t num_pages = k_cache->size(0);
+    for (int64_t i = 0; i < prefix_pages->numel(); ++i)
+      TORCH_CHECK(pp[i] >= 0 && pp[i] < num_pages, "prefix page ", pp[i], " is outside the pool of ", num_pages,
+                  " pages");
+    kc = k_cache->data_ptr<float>();
+    vc = v_cache->data_ptr<float>();
+    PS = k_cache->size(1);
+    page_stride = k_cache->stride(0);
+    tok_stride = k_cache->stride(1);
+    head_stride = k_cache->stride(2);
+  }
   vectorized = vectorized && vectorized_for(D);
   struct Job { int64_t seq, head, first, last; };
   std::vector<Job> jobs;
@@ -535,15 +578,21 @@ PathRows causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
     for (int64_t j = lo; j < hi; ++j) {
       const Job& job = jobs[j];
       const int64_t start = st[job.seq], n_max = job.last - start;
-      kptr.resize(n_max);
-      vptr.resize(n_max);
-      scores.resize(kScoreSlack + G * n_max);
+      const int64_t cached = prefixed ? (pst[job.seq + 1] - pst[job.seq]) * PS : 0;
+      kptr.resize(cached + n_max);
+      vptr.resize(cached + n_max);
+      scores.resize(kScoreSlack + G * (cached + n_max));
+      for (int64_t t = 0; t < cached; ++t) {
+        const int64_t off = pp[pst[job.seq] + t / PS] * page_stride + (t % PS) * tok_stride + job.head * head_stride;
+        kptr[t] = kc + off;
+        vptr[t] = vc + off;
+      }
       for (int64_t t = 0; t < n_max; ++t) {
-        kptr[t] = kp + (start + t) * ks + job.head * kh;
-        vptr[t] = vp + (start + t) * ks + job.head * kh;
+        kptr[cached + t] = kp + (start + t) * ks + job.head * kh;
+        vptr[cached + t] = vp + (start + t) * ks + job.head * kh;
       }
       for (int64_t i = job.first; i < job.last; ++i) {
-        const Row r{qp + i * qs + job.head * G * D, kptr.data(), vptr.data(), i - start + 1, G, D,
+        const Row r{qp + i * qs + job.head * G * D, kptr.data(), vptr.data(), cached + i - start + 1, G, D,
                     static_cast<float>(scale), op + (i * H + job.head * G) * D};
         ++rows[attend_row(r, scores.data() + kScoreSlack, vectorized)];
       }

@@ -10,7 +10,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode,
         "decode attention over the unblocked slots of each row's pages; returns this call's rows: (plain, vector)");
   m.def("causal_prefill", &causal_prefill,
-        "causal self-attention of packed sequences over their fresh K/V; returns this call's rows: (plain, vector)");
+        "causal self-attention of packed sequences over their fresh K/V, each after its cached prefix pages "
+        "where given; returns this call's rows: (plain, vector)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("starts"), py::arg("scale"), py::arg("out"),
+        py::arg("vectorized"), py::arg("k_cache") = py::none(), py::arg("v_cache") = py::none(),
+        py::arg("prefix_pages") = py::none(), py::arg("prefix_starts") = py::none());
   m.def("vectorized_for", &vectorized_for, "whether head_dim D takes this build's vector path");
   m.def("vector_isa", &vector_isa, "the vector path this build has: AVX-512, AVX2 or none");
   m.def("plan_tags", &plan_tags, "the decode step's I1 plan: pages, blocked slots, violations, foreign, empty rows");

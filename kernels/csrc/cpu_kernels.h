@@ -13,7 +13,9 @@ std::string vector_isa();  // "AVX-512", "AVX2" or "" (plain loops only)
 PathRows paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor pages,
                       torch::Tensor blocked, double scale, torch::Tensor out, bool vectorized);
 PathRows causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor starts, double scale,
-                        torch::Tensor out, bool vectorized);
+                        torch::Tensor out, bool vectorized, c10::optional<torch::Tensor> k_cache,
+                        c10::optional<torch::Tensor> v_cache, c10::optional<torch::Tensor> prefix_pages,
+                        c10::optional<torch::Tensor> prefix_starts);
 
 // norm_rope_cpu.cpp
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
