@@ -30,7 +30,11 @@ SOURCES = tuple(CSRC / name for name in (
 # -march=native: the build is for the machine that runs it (the cache is per machine).
 # -ffp-contract=off: a*b + c stays two roundings, as in torch's eager ops (RoPE matches them
 # bit for bit); the attention's vector paths (AVX-512, AVX2) ask for their FMAs explicitly.
-CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp-simd")
+# -fopenmp: at::parallel_for is inline OpenMP in ATen's headers; built without it, every
+# kernel ran on one thread whatever torch.set_num_threads said. The module then uses the
+# libgomp torch already loaded (the same soname), so there is one OpenMP runtime, one pool.
+CFLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
 
 
 def mode() -> str:
@@ -66,7 +70,7 @@ def build_failure() -> str:
     return _failure[0] if _failure else ""
 
 
-def compile_module(name: str, *, cflags: tuple[str, ...] = CFLAGS, ldflags: tuple[str, ...] = (),
+def compile_module(name: str, *, cflags: tuple[str, ...] = CFLAGS, ldflags: tuple[str, ...] = LDFLAGS,
                    build_directory: str | None = None):
     """Build (or find) csrc/ as the module `name` and import it. extension() is the engine's
     build; a test builds another with other flags (AddressSanitizer) into a folder of its own."""
@@ -108,7 +112,7 @@ def build_key() -> str:
     for path in (*SOURCES, CSRC / "cpu_kernels.h"):
         digest.update(str(path.resolve()).encode())
         digest.update(path.read_bytes())
-    digest.update(" ".join(CFLAGS).encode())
+    digest.update(" ".join(CFLAGS + LDFLAGS).encode())
     digest.update(f"{sys.prefix} {torch.__version__}".encode())
     return digest.hexdigest()[:12]
 

@@ -383,6 +383,137 @@ void attend_avx2(const Row& r, float* s) {
 // kScoreSlack floats that the AVX-512 path's masked stores may address but never write
 constexpr int64_t kScoreSlack = 16;
 
+#if PW_VECTOR == 16
+// A block of query rows that read the same keys (a prefill's query tokens of one sequence and
+// KV head, each with its G query heads), as two small matrix products instead of row by row:
+// every K and V load then serves many rows. Row r sees keys 0 .. len[r] - 1.
+struct Block {
+  const float* const* q;    // [R]: each row's query, D floats
+  float* const* out;        // [R]: each row's output, D floats
+  const int64_t* len;       // [R]: keys each row reads, 1 .. L
+  int64_t R;
+  const float* const* k;    // [L]: each key's K row
+  const float* const* v;    // [L]: each key's V row
+  int64_t L, D;
+  float scale;
+};
+
+constexpr int kKeys = 32;  // keys per score tile: two vectors
+constexpr int kRows = 12;  // rows per score tile: 24 accumulators
+
+// s[r][t0 .. t0 + 32) = scale * q[r] . K^T[:, t0 .. t0 + 32) for RB rows; kt: K transposed in
+// tiles of 32 keys, [Lp / 32][D][32] (a tile is one contiguous run); qt: the RB rows' queries
+// transposed, [D][RB] (one base register for every broadcast)
+template <int RB>
+void score_tile(const float* qt, const float* kt, int64_t Lp, int64_t D, int64_t t0, float scale, float* s) {
+  __m512 acc[RB][2];
+  for (int r = 0; r < RB; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const float* tile = kt + t0 * D;  // (t0 / 32) * D * 32
+  for (int64_t d = 0; d < D; ++d) {
+    const float* kd = tile + d * kKeys;
+    const __m512 k0 = _mm512_loadu_ps(kd), k1 = _mm512_loadu_ps(kd + 16);
+    const float* qd = qt + d * RB;
+    for (int r = 0; r < RB; ++r) {
+      const __m512 qv = _mm512_set1_ps(qd[r]);
+      acc[r][0] = _mm512_fmadd_ps(qv, k0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(qv, k1, acc[r][1]);
+    }
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int r = 0; r < RB; ++r) {
+    _mm512_storeu_ps(s + r * Lp + t0, _mm512_mul_ps(acc[r][0], sc));
+    _mm512_storeu_ps(s + r * Lp + t0 + 16, _mm512_mul_ps(acc[r][1], sc));
+  }
+}
+
+template <int RB>
+void score_rows(const Block& b, int64_t r0, const float* kt, int64_t Lp, int64_t upto, float* qt, float* s) {
+  for (int64_t d = 0; d < b.D; ++d)
+    for (int r = 0; r < RB; ++r) qt[d * RB + r] = b.q[r0 + r][d];
+  for (int64_t t0 = 0; t0 < upto; t0 += kKeys) score_tile<RB>(qt, kt, Lp, b.D, t0, b.scale, s + r0 * Lp);
+}
+
+// out[r] = sum_t p[r][t] v[t] for RB rows, CP vectors of D from c0 on, over keys 0 .. n
+template <int RB, int CP>
+void pv_tile(const Block& b, int64_t r0, const float* p, int64_t Lp, int64_t n, int64_t c0) {
+  __m512 acc[RB][CP];
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CP; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < n; ++t) {
+    const float* vt = b.v[t] + 16 * c0;
+    __m512 w[RB];
+    for (int r = 0; r < RB; ++r) w[r] = _mm512_set1_ps(p[(r0 + r) * Lp + t]);
+    for (int c = 0; c < CP; ++c) {
+      const __m512 vv = _mm512_loadu_ps(vt + 16 * c);
+      for (int r = 0; r < RB; ++r) acc[r][c] = _mm512_fmadd_ps(w[r], vv, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CP; ++c) _mm512_storeu_ps(b.out[r0 + r] + 16 * (c0 + c), acc[r][c]);
+}
+
+template <int RB>
+void pv_rows(const Block& b, int64_t r0, const float* p, int64_t Lp, int64_t n) {
+  const int64_t NC = b.D / 16;
+  int64_t c0 = 0;
+  for (; c0 + 8 <= NC; c0 += 8) pv_tile<RB, 8>(b, r0, p, Lp, n, c0);
+  if (c0 + 4 <= NC) { pv_tile<RB, 4>(b, r0, p, Lp, n, c0); c0 += 4; }
+  if (c0 + 2 <= NC) { pv_tile<RB, 2>(b, r0, p, Lp, n, c0); c0 += 2; }
+  if (c0 < NC) pv_tile<RB, 1>(b, r0, p, Lp, n, c0);
+}
+
+// K is transposed once for all the block's rows; scores, softmax and the weighted V sum then go
+// a pass of `pass` rows at a time (their scores stay in cache). kt and s: scratch, resized here
+void attend_block_avx512(const Block& b, int64_t pass, std::vector<float>& kt, std::vector<float>& s) {
+  const int64_t L = b.L, D = b.D, Lp = (L + kKeys - 1) / kKeys * kKeys;
+  kt.resize(D * Lp + D * kRows);  // K^T, then the queries of one tile transposed
+  float* qt = kt.data() + D * Lp;
+  s.resize(std::min(pass, b.R) * Lp);
+  for (int64_t t = 0; t < Lp; ++t) {  // K^T by tiles of 32 keys, zero past the last key
+    float* column = kt.data() + (t / kKeys) * D * kKeys + t % kKeys;
+    if (t < L) {
+      const float* kr = b.k[t];
+      for (int64_t d = 0; d < D; ++d) column[d * kKeys] = kr[d];
+    } else {
+      for (int64_t d = 0; d < D; ++d) column[d * kKeys] = 0.f;
+    }
+  }
+  for (int64_t p0 = 0; p0 < b.R; p0 += pass) {
+    const Block part{b.q + p0, b.out + p0, b.len + p0, std::min(pass, b.R - p0), b.k, b.v, L, D, b.scale};
+    // scores, a tile of rows at a time, over the keys the longest of them reads
+    for (int64_t r0 = 0; r0 < part.R; r0 += kRows) {
+      const int64_t rb = std::min<int64_t>(kRows, part.R - r0);
+      int64_t upto = 0;
+      for (int64_t r = r0; r < r0 + rb; ++r) upto = std::max(upto, part.len[r]);
+      switch (rb) {
+        case 12: score_rows<12>(part, r0, kt.data(), Lp, upto, qt, s.data()); break;
+        case 11: score_rows<11>(part, r0, kt.data(), Lp, upto, qt, s.data()); break;
+        case 10: score_rows<10>(part, r0, kt.data(), Lp, upto, qt, s.data()); break;
+        case 9: score_rows<9>(part, r0, kt.data(), Lp, upto, qt, s.data()); break;
+        case 8: score_rows<8>(part, r0, kt.data(), Lp, upto, qt, s.data()); break;
+        case 7: score_rows<7>(part, r0, kt.data(), Lp, upto, qt, s.data()); break;
+        case 6: score_rows<6>(part, r0, kt.data(), Lp, upto, qt, s.data()); break;
+        case 5: score_rows<5>(part, r0, kt.data(), Lp, upto, qt, s.data()); break;
+        case 4: score_rows<4>(part, r0, kt.data(), Lp, upto, qt, s.data()); break;
+        case 3: score_rows<3>(part, r0, kt.data(), Lp, upto, qt, s.data()); break;
+        case 2: score_rows<2>(part, r0, kt.data(), Lp, upto, qt, s.data()); break;
+        default: score_rows<1>(part, r0, kt.data(), Lp, upto, qt, s.data()); break;
+      }
+    }
+    // each row's softmax over the keys it reads; zero weight on the rest up to the padded width
+    for (int64_t r = 0; r < part.R; ++r) {
+      float* row = s.data() + r * Lp;
+      softmax_avx512(row, part.len[r]);
+      std::fill(row + part.len[r], row + Lp, 0.f);
+    }
+    int64_t r0 = 0;
+    for (; r0 + 3 <= part.R; r0 += 3)
+      pv_rows<3>(part, r0, s.data(), Lp, std::max({part.len[r0], part.len[r0 + 1], part.len[r0 + 2]}));
+    for (; r0 < part.R; ++r0) pv_rows<1>(part, r0, s.data(), Lp, part.len[r0]);
+  }
+}
+#endif
+
 // returns whether the vector path ran (false: the plain loops)
 bool attend_row(const Row& r, float* s, bool vectorized) {
 #if PW_VECTOR == 16
@@ -560,11 +691,14 @@ PathRows causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
     head_stride = k_cache->stride(2);
   }
   vectorized = vectorized && vectorized_for(D);
+  // query tokens per job: the AVX-512 path transposes a job's keys once and goes through its
+  // rows 16 tokens at a time, so it takes more of them per job
+  const int64_t block = PW_VECTOR == 16 && vectorized ? 64 : 16;
   struct Job { int64_t seq, head, first, last; };
   std::vector<Job> jobs;
   for (int64_t s = 0; s < S; ++s)
     for (int64_t h = 0; h < KVH; ++h)
-      for (int64_t i = st[s]; i < st[s + 1]; i += 16) jobs.push_back({s, h, i, std::min(i + 16, st[s + 1])});
+      for (int64_t i = st[s]; i < st[s + 1]; i += block) jobs.push_back({s, h, i, std::min(i + block, st[s + 1])});
   const float* qp = q.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
   const float* vp = v.data_ptr<float>();
@@ -574,6 +708,12 @@ PathRows causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
   at::parallel_for(0, static_cast<int64_t>(jobs.size()), 1, [&](int64_t lo, int64_t hi) {
     std::vector<const float*> kptr, vptr;
     std::vector<float> scores;
+#if PW_VECTOR == 16
+    std::vector<float> kt;
+    std::vector<const float*> qrows;
+    std::vector<float*> orows;
+    std::vector<int64_t> lens;
+#endif
     int64_t rows[2] = {0, 0};
     for (int64_t j = lo; j < hi; ++j) {
       const Job& job = jobs[j];
@@ -581,7 +721,6 @@ PathRows causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
       const int64_t cached = prefixed ? (pst[job.seq + 1] - pst[job.seq]) * PS : 0;
       kptr.resize(cached + n_max);
       vptr.resize(cached + n_max);
-      scores.resize(kScoreSlack + G * (cached + n_max));
       for (int64_t t = 0; t < cached; ++t) {
         const int64_t off = pp[pst[job.seq] + t / PS] * page_stride + (t % PS) * tok_stride + job.head * head_stride;
         kptr[t] = kc + off;
@@ -591,6 +730,27 @@ PathRows causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
         kptr[cached + t] = kp + (start + t) * ks + job.head * kh;
         vptr[cached + t] = vp + (start + t) * ks + job.head * kh;
       }
+#if PW_VECTOR == 16
+      if (vectorized) {  // the block's rows: each query token's G heads, as two small matrix products
+        const int64_t R = (job.last - job.first) * G;
+        qrows.resize(R);
+        orows.resize(R);
+        lens.resize(R);
+        for (int64_t i = job.first; i < job.last; ++i)
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t r = (i - job.first) * G + g;
+            qrows[r] = qp + i * qs + (job.head * G + g) * D;
+            orows[r] = op + (i * H + job.head * G + g) * D;
+            lens[r] = cached + i - start + 1;
+          }
+        const Block b{qrows.data(), orows.data(), lens.data(), R, kptr.data(), vptr.data(), cached + n_max, D,
+                      static_cast<float>(scale)};
+        attend_block_avx512(b, 16 * G, kt, scores);
+        rows[1] += job.last - job.first;
+        continue;
+      }
+#endif
+      scores.resize(kScoreSlack + G * (cached + n_max));
       for (int64_t i = job.first; i < job.last; ++i) {
         const Row r{qp + i * qs + job.head * G * D, kptr.data(), vptr.data(), cached + i - start + 1, G, D,
                     static_cast<float>(scale), op + (i * H + job.head * G) * D};

@@ -39,7 +39,7 @@ def build(directory: str):
     # the compiler must not run under the preloaded runtime: only this process is sanitized
     os.environ.pop("LD_PRELOAD", None)
     return cpu_extension.compile_module("pagewarden_cpu_kernels_asan", cflags=cpu_extension.CFLAGS + SANITIZE,
-                                        ldflags=("-fsanitize=address",), build_directory=directory)
+                                        ldflags=cpu_extension.LDFLAGS + ("-fsanitize=address",), build_directory=directory)
 
 
 def decode(ext, gen, n: int, group: int, head_dim: int, page_size: int, vectorized: bool) -> tuple[int, int]:
