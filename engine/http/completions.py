@@ -66,6 +66,7 @@ class CompletionsApp:
         self.link, self.idle_timeout_s = link, idle_timeout_s
         self.renderer = TemplateRenderer(cpu_s=render_cpu_s)
         self._info: tuple[float, dict] | None = None
+        self._info_call: asyncio.Future | None = None  # the one status call in flight for model_info
         self._template: tuple[str, ChatTemplate] | None = None  # (model path, its chat template)
         self._cancels: set[asyncio.Task] = set()
 
@@ -83,17 +84,24 @@ class CompletionsApp:
 
     # ---- /v1/models -------------------------------------------------------------------
     async def model_info(self) -> dict:
-        """The served model's name and context window (from the engine's status, cached briefly)."""
-        now = time.monotonic()
-        if self._info is None or now - self._info[0] > MODEL_INFO_TTL_S:
-            status = await self.link.call("status")
-            engine = status["engine"]
-            template = self.chat_template(engine["model"])
-            self._info = (now, {"id": Path(engine["model"]).name, "object": "model",
-                                "created": int(time.time() - engine["uptime_s"]), "owned_by": "pagewarden",
-                                "max_model_len": status["config"]["engine"]["context_window"],
-                                "chat_template": template.origin})
-        return self._info[1]
+        """The served model's name and context window (from the engine's status, cached briefly).
+        Requests that find it stale at once share one status call: a burst of 64 arriving just
+        after it expired made 64 calls, each a status report the engine had to build."""
+        if self._info is not None and time.monotonic() - self._info[0] <= MODEL_INFO_TTL_S:
+            return self._info[1]
+        if self._info_call is None or self._info_call.done():
+            self._info_call = asyncio.ensure_future(self._fetch_model_info())
+        return await asyncio.shield(self._info_call)
+
+    async def _fetch_model_info(self) -> dict:
+        status = await self.link.call("status")
+        engine = status["engine"]
+        template = self.chat_template(engine["model"])
+        info = {"id": Path(engine["model"]).name, "object": "model",
+                "created": int(time.time() - engine["uptime_s"]), "owned_by": "pagewarden",
+                "max_model_len": status["config"]["engine"]["context_window"], "chat_template": template.origin}
+        self._info = (time.monotonic(), info)
+        return info
 
     def chat_template(self, model_path: str) -> ChatTemplate:
         """The served checkpoint's chat template (read once per model path)."""
