@@ -13,10 +13,11 @@ import math
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-MAX_LINE_BYTES = 64 * 1024  # one server-sent event line of a timed stream
-MAX_STREAM_BYTES = 1024 * 1024  # a whole timed stream (it asks for one token)
+MAX_LINE_BYTES = 64 * 1024  # one server-sent event line
+MAX_STREAM_BYTES = 1024 * 1024  # a whole timed stream (it asks for one token); stream_limit for the rest
 MAX_TOKEN_COUNT = 10_000_000  # a usage count above this is not a count
 
 
@@ -112,35 +113,25 @@ class OpenAIHttp:
         """POST a streamed completion and read until it ends or `read_chars` characters came;
         then hang up (a server that notices stops generating for nobody). The finish reason
         and the usage counts (sent when the body asks stream_options.include_usage) are kept
-        when the stream gets that far; without usage the text chunks are counted as tokens."""
+        when the stream gets that far; without usage the text chunks are counted as tokens.
+        Bounded as timed_stream is, the whole stream at stream_limit(read_chars) bytes."""
         try:
             response = self._open("/completions", {**body, "stream": True})
         except urllib.error.HTTPError as exc:
             return Completion(exc.code, "", None, *_error_of(exc))
-        text, done, chunks = [], Completion(200), 0
+        text, done, chunks, length = [], Completion(200), 0, 0
         with response:
-            for raw in response:
-                line = raw.decode("utf-8", "replace").strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+            for chunk in self._chunks(response, stream_limit(read_chars), f"for {read_chars:,} characters"):
+                if _take_error(chunk, done):
                     break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
-                    done.error_code, done.error = str(error.get("code")), str(error.get("message"))
-                    break
-                usage = chunk.get("usage")
-                if isinstance(usage, dict):
-                    done.prompt_tokens = usage.get("prompt_tokens", done.prompt_tokens)
-                    done.completion_tokens = usage.get("completion_tokens", done.completion_tokens)
-                for choice in chunk.get("choices") or []:
+                self._take_usage(chunk, done)
+                for choice in _choices(chunk, self.base):
                     piece = str(choice.get("text") or "")
                     text.append(piece)
+                    length += len(piece)
                     chunks += bool(piece)
                     done.finish_reason = choice.get("finish_reason") or done.finish_reason
-                if sum(map(len, text)) >= read_chars:
+                if length >= read_chars:
                     break
         done.text = "".join(text)
         if done.completion_tokens is None and done.finish_reason is not None:
@@ -159,54 +150,82 @@ class OpenAIHttp:
             response = self._open("/completions", {**body, "stream": True})
         except urllib.error.HTTPError as exc:
             return Completion(exc.code, "", None, *_error_of(exc))
-        started, done, text, read = self.sent_at, Completion(200), [], 0
+        started, done, text = self.sent_at, Completion(200), []
         with response:
-            while True:
-                raw = response.readline(MAX_LINE_BYTES + 1)
-                if not raw:
+            for chunk in self._chunks(response, MAX_STREAM_BYTES, "for a one-token answer"):
+                if _take_error(chunk, done):
                     break
-                read += len(raw)
-                if len(raw) > MAX_LINE_BYTES:
-                    raise ProbeError(f"{self.base}/completions: a stream line of over {MAX_LINE_BYTES:,} bytes "
-                                     f"(the limit)")
-                if read > MAX_STREAM_BYTES:
-                    raise ProbeError(f"{self.base}/completions: a stream of over {MAX_STREAM_BYTES:,} bytes "
-                                     f"(the limit) for a one-token answer")
-                line = raw.decode("utf-8", "replace").strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                try:
-                    chunk = json.loads(data)
-                except json.JSONDecodeError:
-                    raise ProbeError(f"{self.base}/completions: a stream chunk that is not JSON: "
-                                     f"{data[:80]!r}") from None
-                if not isinstance(chunk, dict):
-                    raise ProbeError(f"{self.base}/completions: a stream chunk that is not an object: {data[:80]!r}")
-                if "error" in chunk:
-                    error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
-                    done.error_code, done.error = str(error.get("code")), str(error.get("message"))
-                    break
-                choices = chunk.get("choices") or []
-                if not isinstance(choices, list):
-                    raise ProbeError(f"{self.base}/completions: 'choices' is {type(choices).__name__}, not a list")
+                choices = _choices(chunk, self.base)
                 if choices and done.ttft_s is None:
                     done.ttft_s = time.perf_counter() - started
                 for choice in choices:
-                    if isinstance(choice, dict):
-                        text.append(str(choice.get("text") or ""))
-                        done.finish_reason = choice.get("finish_reason") or done.finish_reason
-                usage = chunk.get("usage")
-                if isinstance(usage, dict):
-                    done.prompt_tokens = _count(usage, "prompt_tokens", self.base) or done.prompt_tokens
-                    done.completion_tokens = _count(usage, "completion_tokens", self.base)
-                    details = usage.get("prompt_tokens_details")
-                    if isinstance(details, dict):
-                        done.cached_tokens = _count(details, "cached_tokens", self.base)
+                    text.append(str(choice.get("text") or ""))
+                    done.finish_reason = choice.get("finish_reason") or done.finish_reason
+                self._take_usage(chunk, done)
         done.text = "".join(text)[:MAX_LINE_BYTES]
         return done
+
+    def _chunks(self, response, max_bytes: int, what: str) -> Iterator[dict]:
+        """The JSON objects of a server-sent event stream, up to `data: [DONE]` or its end. Each
+        line meets MAX_LINE_BYTES and the stream `max_bytes` before it is parsed (a server's
+        answer is untrusted: one endless line, or chunks without end, is refused, not held)."""
+        read = 0
+        while True:
+            raw = response.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            read += len(raw)
+            if len(raw) > MAX_LINE_BYTES:
+                raise ProbeError(f"{self.base}/completions: a stream line of over {MAX_LINE_BYTES:,} bytes "
+                                 f"(the limit)")
+            if read > max_bytes:
+                raise ProbeError(f"{self.base}/completions: a stream of over {max_bytes:,} bytes "
+                                 f"(the limit) {what}")
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            try:
+                chunk = json.loads(data)
+            except json.JSONDecodeError:
+                raise ProbeError(f"{self.base}/completions: a stream chunk that is not JSON: "
+                                 f"{data[:80]!r}") from None
+            if not isinstance(chunk, dict):
+                raise ProbeError(f"{self.base}/completions: a stream chunk that is not an object: {data[:80]!r}")
+            yield chunk
+
+    def _take_usage(self, chunk: dict, done: Completion) -> None:
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            done.prompt_tokens = _count(usage, "prompt_tokens", self.base) or done.prompt_tokens
+            done.completion_tokens = _count(usage, "completion_tokens", self.base)
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict):
+                done.cached_tokens = _count(details, "cached_tokens", self.base)
+
+
+def stream_limit(read_chars: int) -> int:
+    """The bytes a stream read for `read_chars` characters may take: a chunk per token, each a
+    few hundred bytes of JSON around a few characters, on top of the one-token allowance."""
+    return MAX_STREAM_BYTES + 512 * read_chars
+
+
+def _take_error(chunk: dict, done: Completion) -> bool:
+    """Whether the chunk is an error event (kept in `done`)."""
+    if "error" not in chunk:
+        return False
+    error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
+    done.error_code, done.error = str(error.get("code")), str(error.get("message"))
+    return True
+
+
+def _choices(chunk: dict, where: str) -> list[dict]:
+    choices = chunk.get("choices") or []
+    if not isinstance(choices, list):
+        raise ProbeError(f"{where}/completions: 'choices' is {type(choices).__name__}, not a list")
+    return [c for c in choices if isinstance(c, dict)]
 
 
 def _count(usage: dict, key: str, where: str) -> int | None:

@@ -20,7 +20,7 @@ BLOCK = 16
 PER_TOKEN_S = 60e-6  # 1,000 uncached tokens: 60 ms; a hit: about 1 ms
 WINDOW = 2048
 MODES = ("isolate", "share", "none", "unreported")
-HOSTILE = ("long_line", "bad_count")  # answers past the client's limits
+HOSTILE = ("long_line", "bad_count", "endless")  # answers past the client's limits
 
 
 class FakeCacheServer:
@@ -91,6 +91,13 @@ class FakeCacheServer:
             await response.write(b"data: " + b"x" * 70_000 + b"\n\n")
         if self.hostile == "bad_count":
             cached = -5
+        if self.hostile == "endless":  # chunks without text, until the client hangs up
+            empty = _event({"choices": [{"index": 0, "text": "", "finish_reason": None}]})
+            try:
+                while True:
+                    await response.write(empty * 64)
+            except (ConnectionResetError, RuntimeError):  # the client went: aiohttp says either
+                return response
         await response.write(_event({"choices": [{"index": 0, "text": "x", "finish_reason": None}]}))
         await response.write(_event({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}))
         usage = {"prompt_tokens": tokens, "completion_tokens": 1, "total_tokens": tokens + 1}

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 
 import pytest
 
-from engine.adapters.openai_http import MAX_LINE_BYTES, ProbeError
+from engine.adapters.openai_http import MAX_LINE_BYTES, OpenAIHttp, ProbeError, stream_limit
 from engine.adapters.salt_check import (HOLDS, INCONCLUSIVE, NO_CACHE, SHARED, SaltPair, judge,
                                         open_salt_check)
 from engine.config import REPO_ROOT
@@ -127,6 +128,19 @@ def test_answers_past_the_limits_are_refused_naming_the_limit(hostile, words):
         with pytest.raises(ProbeError, match="completions: " + words.replace("(", r"\(").replace(")", r"\)")
                            .replace(".", r"\.")):
             check.run()
+
+
+@pytest.mark.parametrize("hostile, words", [
+    ("long_line", f"a stream line of over {MAX_LINE_BYTES:,} bytes (the limit)"),
+    ("endless", f"a stream of over {stream_limit(64):,} bytes (the limit) for 64 characters"),
+])
+def test_the_leak_probes_stream_meets_the_same_limits(hostile, words):
+    """OpenAIHttp.stream (the leak probe's follow-ups) reads through the same bounded reader as
+    the timed stream: one endless line, or text-less chunks without end, is refused."""
+    with FakeCacheServer("isolate", hostile=hostile) as server:
+        http = OpenAIHttp(server.url, per_second=100.0)
+        with pytest.raises(ProbeError, match=re.escape("completions: " + words)):
+            http.stream({"model": "fake-copy", "prompt": "hello", "max_tokens": 4}, 64)
 
 
 def salt_cli(*args: str) -> tuple[int, dict | None, str]:
