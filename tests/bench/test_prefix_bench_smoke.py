@@ -27,3 +27,16 @@ def test_shared_prefix_prompts_share_only_the_system_prompts():
     assert len(heads) == 3  # three system prompts, in every set
     tails = [tuple(p[512:]) for s in sets for p in s]
     assert len(set(tails)) == len(tails)  # every user part fresh, across the warm-up and the reps
+
+
+def test_prefill_attention_bench_runs_small_and_checks_every_path_against_sdpa():
+    """bench/prefill_attention.py checks each C++ path's answer against SDPA before it times
+    it (a wrong answer stops the run), then prints one row per contender."""
+    proc = subprocess.run([sys.executable, "bench/prefill_attention.py", "--threads", "1", "--reps", "1",
+                           "--cases", "shared16", "plain16"], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(("shared16", "plain16"))]
+    assert len(rows) == 6 and {r[2] + (" " + r[3] if r[2] == "c++" else "") for r in rows} == {
+        "sdpa", "c++ plain", "c++ vector"}
+    assert all(float(r[-2]) > 0 for r in rows)  # GFLOP/s of a measured time
