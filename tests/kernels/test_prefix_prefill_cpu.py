@@ -63,10 +63,14 @@ def flat(prefixes):
 
 
 @pytest.mark.parametrize("vectorized", PATHS)
-@pytest.mark.parametrize("kv_heads,group,head_dim", [(1, 8, 128), (3, 3, 64), (2, 1, 16), (1, 5, 40)])
+@pytest.mark.parametrize("kv_heads,group,head_dim", [(1, 8, 128), (3, 3, 64), (2, 1, 16), (1, 5, 40), (1, 7, 80),
+                                                     (2, 3, 48)])
 def test_prefix_prefill_matches_the_oracle(built, vectorized, kv_heads, group, head_dim):
+    """Shapes that leave every remainder of the vector path: rows per tile (group 7, 3, 5),
+    vectors of head_dim per pass (80 = 4 + 1, 48 = 2 + 1), keys past a tile of 32, and a
+    sequence of 130 new tokens (more than one job of 64 and more than one pass of 16)."""
     gen = torch.Generator().manual_seed(head_dim + group)
-    lens = [1, 17, 5, 40, 3]
+    lens = [1, 17, 5, 130, 3]
     # shared and private prefixes, one sequence without, pages out of order and repeated
     prefixes = [[7, 2, 9], [], [7, 2], [30, 31, 4, 5], [11]]
     q, k, v = fused_qkv(gen, sum(lens), kv_heads * group, kv_heads, head_dim)
