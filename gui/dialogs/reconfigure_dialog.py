@@ -1,4 +1,4 @@
-"""ReconfigureDialog: edit the window, page size, batch, scrub policy, pool sizes and — only on
+"""ReconfigureDialog: edit the window, page size, batch, scrub policy, prefix cache scope, pool sizes and — only on
 an engine started with --allow-faults, in a red danger zone — the defences and faults.
 
 Validate sends the changed keys; the engine answers with the capacity consequence and the
@@ -37,6 +37,9 @@ from gui.model.engine_state import EngineState
 PAGE_SIZES = [1 << i for i in range(11)]  # 1 .. 1024, the engine's range
 SCRUB_CHOICES = (("zero", "zero — default"), ("poison", "poison — NaN / sentinel fill"),
                  ("none", "none — measurement only: freed pages keep old data"))
+PREFIX_SCOPES = (("tenant", "tenant — shared within a tenant or one cache_salt (default)"),
+                 ("global", "global — unsalted prompts shared across tenants: a timing side channel"),
+                 ("off", "off — no prefix cache"))
 INT_MAX = (1 << 31) - 1
 VALIDATE_TIMEOUT_S = 20.0  # a validation checks the model files and the machine's memory: seconds, not minutes
 STALE_REASON = "The engine is not answering (STALE): nothing can be validated or applied until it does."
@@ -50,6 +53,7 @@ LABELS = {"context_window": "Context window", "max_batch": "Max batch", "prefill
 KEYS = {
     "context_window": ("engine", "context_window"), "page_size": ("engine", "page_size"),
     "max_batch": ("engine", "max_batch"), "scrub_policy": ("engine", "scrub_policy"),
+    "prefix_scope": ("prefix_cache", "scope"),
     "prefill_pages": ("pools", "prefill", "pages"), "decode_pages": ("pools", "decode", "pages"),
 }
 KEYS.update({f"defence_{d.name}": ("defences", d.name) for d in DEFENCES})
@@ -142,6 +146,9 @@ class ReconfigureDialog(QDialog):
         self.scrub_policy = QComboBox()
         for value, label in SCRUB_CHOICES:
             self.scrub_policy.addItem(label, value)
+        self.prefix_scope = QComboBox()
+        for value, label in PREFIX_SCOPES:
+            self.prefix_scope.addItem(label, value)
         self.prefill_pages = _spin()
         self.decode_pages = _spin()
         self.invalid_label = QLabel()
@@ -163,6 +170,7 @@ class ReconfigureDialog(QDialog):
         form.addRow("Page size", self.page_size)
         form.addRow("Max batch", self.max_batch)
         form.addRow("Scrub policy (I5)", self.scrub_policy)
+        form.addRow("Prefix cache (restarts the workers)", self.prefix_scope)
         form.addRow("Prefill pool (pages)", _with_hint(self.prefill_pages, self.pool_hints["prefill"]))
         form.addRow("Decode pool (pages)", _with_hint(self.decode_pages, self.pool_hints["decode"]))
         form.addRow(self.invalid_label)
@@ -202,7 +210,7 @@ class ReconfigureDialog(QDialog):
         layout.addWidget(buttons)
         for box in (self.context_window, self.max_batch, self.prefill_pages, self.decode_pages):
             box.valueChanged.connect(self._edited)
-        for combo in (self.page_size, self.scrub_policy):
+        for combo in (self.page_size, self.scrub_policy, self.prefix_scope):
             combo.currentIndexChanged.connect(self._edited)
         for box in (*self.defence_boxes.values(), *self.fault_boxes.values()):
             box.toggled.connect(self._edited)
@@ -222,6 +230,7 @@ class ReconfigureDialog(QDialog):
         self.page_size.setCurrentIndex(max(0, self.page_size.findData(int(get("page_size", 16)))))
         self.max_batch.setValue(int(get("max_batch", 16)))
         self.scrub_policy.setCurrentIndex(max(0, self.scrub_policy.findData(get("scrub_policy", "zero"))))
+        self.prefix_scope.setCurrentIndex(max(0, self.prefix_scope.findData(get("prefix_scope", "tenant"))))
         self.prefill_pages.setValue(int(get("prefill_pages", 4096)))
         self.decode_pages.setValue(int(get("decode_pages", 4096)))
         for name, box in self.defence_boxes.items():
@@ -234,6 +243,7 @@ class ReconfigureDialog(QDialog):
         return {
             "context_window": self.context_window.value(), "page_size": self.page_size.currentData(),
             "max_batch": self.max_batch.value(), "scrub_policy": self.scrub_policy.currentData(),
+            "prefix_scope": self.prefix_scope.currentData(),
             "prefill_pages": self.prefill_pages.value(), "decode_pages": self.decode_pages.value(),
             **{f"defence_{n}": b.isChecked() for n, b in self.defence_boxes.items()},
             **{f"fault_{n}": b.isChecked() for n, b in self.fault_boxes.items()},
@@ -245,7 +255,7 @@ class ReconfigureDialog(QDialog):
 
     def set_readonly(self, readonly: bool) -> None:
         self._readonly = bool(readonly)
-        for field in (self.context_window, self.page_size, self.max_batch, self.scrub_policy,
+        for field in (self.context_window, self.page_size, self.max_batch, self.scrub_policy, self.prefix_scope,
                       self.prefill_pages, self.decode_pages):
             field.setEnabled(not readonly)
         self.danger.setEnabled(self.allow_faults and not readonly)

@@ -187,3 +187,23 @@ def test_attaching_with_curve_keys(start_server, open_window, tmp_path):
     window = open_window(server.control, server_key=server_key, client_keys=client_keys)
     assert window.state.engine.get("curve") is True
     assert {w.name for w in window.state.workers} == {"prefill-0", "decode-0"}
+
+
+def test_the_prefix_cache_scope_set_in_the_dialog_restarts_the_real_workers(start_server, open_window, qtbot):
+    """The operator picks a scope in the reconfigure dialog, validates, applies: the engine
+    restarts both workers under it (a scope only takes hold in a new worker)."""
+    server = start_server()
+    client = server.client()
+    window = open_window(server.control)
+    pids = {name: _status_worker(client, name)["pid"] for name in ("prefill-0", "decode-0")}
+    window.open_reconfigure()
+    dialog = window.reconfigure_dialog
+    assert dialog.prefix_scope.currentData() == "tenant"
+    dialog.prefix_scope.setCurrentIndex(dialog.prefix_scope.findData("off"))
+    dialog.validate_button.click()
+    qtbot.waitUntil(dialog.apply_button.isEnabled, timeout=20_000)
+    assert "prefill-0" in dialog.result_view.toPlainText() and "decode-0" in dialog.result_view.toPlainText()
+    dialog.apply_button.click()
+    qtbot.waitUntil(lambda: client.status()["config"]["prefix_cache"]["scope"] == "off", timeout=30_000)
+    qtbot.waitUntil(lambda: all(_status_worker(client, n)["pid"] != pid and _status_worker(client, n)["state"] == "ready"
+                                for n, pid in pids.items()), timeout=120_000)

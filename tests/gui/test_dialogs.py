@@ -58,7 +58,7 @@ def test_fields_are_prefilled_from_the_engine_config(dialog):
     values = dialog.values()
     assert {k: v for k, v in values.items() if not k.startswith(("defence_", "fault_"))} == {
         "context_window": 8192, "page_size": 16, "max_batch": 16, "scrub_policy": "zero",
-        "prefill_pages": 1024, "decode_pages": 2048}
+        "prefix_scope": "tenant", "prefill_pages": 1024, "decode_pages": 2048}
     assert all(v for k, v in values.items() if k.startswith("defence_"))
     assert not any(v for k, v in values.items() if k.startswith("fault_"))
     assert dialog.changes() == {}
@@ -72,6 +72,22 @@ def test_changes_hold_only_changed_keys(dialog):
     dialog.scrub_policy.setCurrentIndex(dialog.scrub_policy.findData("zero"))
     assert dialog.changes() == {"pools": {"decode": {"pages": 4096}}}
     assert changes_between({}, {"max_batch": 8}) == {"engine": {"max_batch": 8}}
+
+
+def test_the_prefix_cache_scope_is_a_change_like_the_others(qtbot):
+    """Prefilled from the engine's [prefix_cache] scope; a new one is sent under its section
+    (the engine restarts the workers for it); global says what it costs."""
+    dlg = ReconfigureDialog(engine_state(BASE.replace(prefix_cache={"scope": "off"})))
+    qtbot.addWidget(dlg)
+    assert dlg.values()["prefix_scope"] == "off" and dlg.changes() == {}
+    dlg.prefix_scope.setCurrentIndex(dlg.prefix_scope.findData("global"))
+    assert dlg.changes() == {"prefix_cache": {"scope": "global"}}
+    assert "side channel" in dlg.prefix_scope.currentText()
+    with qtbot.waitSignal(dlg.validate_requested, timeout=1000) as sent:
+        dlg.validate_button.click()
+    assert sent.args == [{"prefix_cache": {"scope": "global"}}]
+    dlg.set_readonly(True)
+    assert not dlg.prefix_scope.isEnabled()
 
 
 def test_apply_needs_a_validation_of_exactly_the_current_values(dialog, qtbot):
