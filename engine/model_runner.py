@@ -95,6 +95,8 @@ class ModelRunner:
         tags = np.concatenate([r.page_table.tags_for(span) for r, span in zip(requests, spans)])
         if any(starts):
             ps = self.pool.page_size
+            if any(s % ps for s in starts):  # the cache shares whole pages only; a part would go unattended
+                raise ValueError(f"cached prefixes {starts} are not whole pages of {ps} tokens")
             prefix = [self._tensor(r.page_table.pages[: s // ps].astype(np.int64)) for r, s in zip(requests, starts)]
             ctx = PagedPrefixPrefillAttention(self.pool, self.kernels, lens, self._tensor(slots), self._tensor(tags),
                                               prefix)

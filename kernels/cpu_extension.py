@@ -54,12 +54,26 @@ def extension():
     if mode() == "reference":
         return None
     try:
-        return compile_module(f"pagewarden_cpu_kernels_{build_key()}")
+        module = compile_module(f"pagewarden_cpu_kernels_{build_key()}")
+        runtimes = openmp_runtimes()
+        if len(runtimes) > 1:  # e.g. clang's -fopenmp links libomp: torch's thread count no longer governs it
+            raise RuntimeError(f"the module brought a second OpenMP runtime beside torch's: {', '.join(runtimes)}")
+        return module
     except Exception as exc:  # no compiler, no ninja, a read-only cache: the references still work
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         log.warning("CPU kernels unavailable, running the torch references: %s", first)
         _failure[:] = [first[:300]]
         return None
+
+
+def openmp_runtimes() -> list[str]:
+    """The OpenMP runtimes mapped into this process (Linux; [] where /proc is not there)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return []
+    names = {line.split()[-1] for line in maps.splitlines() if line.count(" ") >= 5}
+    return sorted(n for n in names if Path(n).name.startswith(("libgomp", "libomp", "libiomp")))
 
 
 def build_failure() -> str:

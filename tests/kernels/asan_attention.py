@@ -33,6 +33,9 @@ HEAD_DIMS = (8, 16, 24, 36, 40, 64, 128)  # one vector, AVX2-only multiples, nei
 GROUPS = (1, 2, 3, 4, 5, 7, 8)            # every mix of 4/2/1 heads per V load and pairs per K load
 LENGTHS = (1, 2, 7, 8, 9, 15, 16, 17, 33)  # every tail width of 8 and 16
 PAGE_SIZES = (1, 4)                       # 1: decode's score buffer is exactly the row's
+# prefill after a cached prefix: head_dims that take the 2-vector step of the V sum, more query
+# heads than a score tile's 12 rows, and a sequence over one job of 64 query tokens
+PREFIX_CASES = tuple(itertools.product((16, 48, 96), (1, 12), (1, 17, 130)))
 
 
 def build(directory: str):
@@ -76,9 +79,30 @@ def prefill(ext, gen, n: int, group: int, head_dim: int, vectorized: bool) -> tu
     return rows
 
 
+def prefix_prefill(ext, gen, head_dim: int, group: int, n: int, vectorized: bool) -> tuple[int, int]:
+    """Three sequences after cached prefixes read from a pool of their own allocation, the last
+    page of which ends the allocation: the first and the last sequence read it."""
+    kv_heads, pages = 2, 3
+    lens = (n, 1, n)
+    tokens = sum(lens)
+    q = torch.randn(tokens, kv_heads * group, head_dim, generator=gen)
+    k = torch.randn(tokens, kv_heads, head_dim, generator=gen)
+    v = torch.randn(tokens, kv_heads, head_dim, generator=gen)
+    k_cache = torch.randn(pages, 4, kv_heads, head_dim, generator=gen)
+    v_cache = torch.randn(pages, 4, kv_heads, head_dim, generator=gen)
+    prefix_pages = torch.tensor([pages - 1, 0, pages - 1], dtype=torch.int64)
+    prefix_starts = torch.tensor([0, 1, 1, 3], dtype=torch.int64)
+    starts = torch.tensor([0, n, n + 1, tokens], dtype=torch.int64)
+    out = torch.empty_like(q)
+    rows = ext.causal_prefill(q, k, v, starts, head_dim ** -0.5, out, vectorized, k_cache, v_cache, prefix_pages,
+                              prefix_starts)
+    assert out.isfinite().all()
+    return rows
+
+
 def calls() -> int:
     """How many kernel calls main() makes."""
-    return len(HEAD_DIMS) * len(GROUPS) * len(LENGTHS) * 2 * (len(PAGE_SIZES) + 1)
+    return len(HEAD_DIMS) * len(GROUPS) * len(LENGTHS) * 2 * (len(PAGE_SIZES) + 1) + len(PREFIX_CASES) * 2
 
 
 def main(directory: str) -> int:
@@ -95,6 +119,13 @@ def main(directory: str) -> int:
             rows["plain"] += plain
             rows["vector"] += vector
         made += len(answers)
+    for (head_dim, group, n), vectorized in itertools.product(PREFIX_CASES, (True, False)):
+        plain, vector = prefix_prefill(ext, gen, head_dim, group, n, vectorized)
+        on_vectors = vectorized and ext.vectorized_for(head_dim)
+        assert (plain, vector) == ((0, vector) if on_vectors else (plain, 0)), (head_dim, vectorized, plain, vector)
+        rows["plain"] += plain
+        rows["vector"] += vector
+        made += 1
     if ext.vector_isa():  # the sanitized build must have run its vector path, not only the loops
         assert rows["vector"] > 0 and rows["plain"] > 0, rows
     print(f"checked {made} calls on {ext.vector_isa() or 'plain loops'}: {rows['vector']} vector rows, "
