@@ -28,6 +28,9 @@ session). Served, by the size of the projection weights, the median round by cas
 rounds: 3.1 and 6.1 MiB, 0.92-1.06x (a wash in this machine's noise); 12.2 MiB
 (hidden 192, 8 layers), 0.99-1.23x; 22.8 MiB, 0.99-1.42x; 30 MiB and more, 1.07-1.64x
 (bench/RESULTS.md, 2026-12-06). The 135M shape (513 MiB) gained 1.47x at 16 concurrent.
+Those measurements predate the C++ module's OpenMP build: the attention kernels then ran on
+one thread whatever the share, and only torch's own ops used more. Rechecked since for the
+copy model's TTFT only (shared: 139 ms at 16 concurrent against 106 with one thread each).
 A smaller model keeps one fixed part per worker, which also cannot collapse beside a foreign
 process.
 
