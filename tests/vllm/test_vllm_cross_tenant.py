@@ -48,13 +48,25 @@ def complete(server: VllmServer, request_id: str, prompt: str, xargs: dict, salt
 
 
 def overlapping(server: VllmServer, asks: list[tuple]) -> list[dict]:
-    """Each ask (request id, prompt, xargs, salt) 50 ms after the one before, all in flight at once."""
+    """Each ask (request id, prompt, xargs, salt) 50 ms after the one before: usually all in
+    flight at once, not always (see how_shared)."""
     with cf.ThreadPoolExecutor(len(asks)) as pool:
         futures = []
         for ask in asks:
             futures.append(pool.submit(complete, server, *ask))
             time.sleep(0.05)
         return [f.result() for f in futures]
+
+
+def how_shared(detail: str) -> str:
+    """Whether the two requests held the blocks at the same time or the later one hit what the
+    earlier left behind: the 50 ms spacing usually overlaps them, but under load the first can
+    finish before the second is scheduled. Both are the same finding (each wording is checked
+    in tests/engine/vllm_agent/test_tenant_share.py); exactly one must be said."""
+    at_once = "up to 2 holding them at once" in detail
+    after = "each later one hit what an earlier, finished one left" in detail
+    assert at_once != after, detail
+    return "at once" if at_once else "one after the other"
 
 
 def cached(reply: dict) -> int:
@@ -80,7 +92,7 @@ def test_unsalted_tenants_sharing_a_prefix_are_flagged_as_a_shared_prefix_cache(
     assert alert["detail"].startswith("prefix cache shared across tenants acme, globex: ")
     assert alert["subject"].startswith("shared:blocks:") and len(alert["pages"]) >= 4
     assert len(alert["requests"]) == 2 and alert["episode"] == 1
-    assert "up to 2 holding them at once" in alert["detail"]  # both held the blocks (ref_cnt 2) in a snapshot
+    print(f"  held {how_shared(alert['detail'])}")
 
 
 def test_per_tenant_salts_keep_the_tenants_apart_and_one_tenant_still_shares(vllm):
@@ -115,7 +127,7 @@ def test_a_hash_that_drops_the_salt_shares_blocks_across_salts_and_the_agent_cal
     assert (alert["kind"], alert["severity"]) == (KIND, "critical")
     assert alert["detail"].startswith("data crossed tenants: ") and alert["subject"].startswith("crossed:blocks:")
     assert len(alert["pages"]) >= 4 and len(alert["requests"]) == 2
-    assert "up to 2 holding them at once" in alert["detail"]
+    print(f"  held {how_shared(alert['detail'])}")
     for tenant, salt in SALTS.items():
         assert f"tenant {tenant}, salt sha256 {salt_tag(salt)}" in alert["detail"]
     text = json.dumps(status)
