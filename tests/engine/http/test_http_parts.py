@@ -192,3 +192,31 @@ def test_one_source_cannot_take_every_connection_another_source_still_gets_in():
         for s in held:
             s.close()
         frontend.stop()
+
+
+def test_a_burst_that_finds_the_model_info_stale_makes_one_status_call():
+    """64 requests arriving just after the cached model info expired each asked the engine for
+    its status; they now share one call, and all get its answer."""
+    import asyncio
+
+    from engine.http.completions import CompletionsApp
+
+    class Link:  # the one EngineLink call model_info makes, counted
+        calls = 0
+
+        async def call(self, op, **fields):
+            Link.calls += 1
+            await asyncio.sleep(0.01)  # in flight while the rest of the burst arrives
+            return {"engine": {"model": "/models/copy", "uptime_s": 5.0},
+                    "config": {"engine": {"context_window": 2048}}}
+
+    async def burst():
+        app = CompletionsApp(Link())
+        try:
+            return await asyncio.gather(*(app.model_info() for _ in range(64)))
+        finally:
+            await app.renderer.close()
+
+    infos = asyncio.run(burst())
+    assert Link.calls == 1
+    assert {i["id"] for i in infos} == {"copy"} and infos[0]["max_model_len"] == 2048
