@@ -704,8 +704,28 @@ PathRows causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
   const float* vp = v.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t qs = q.stride(0), ks = k.stride(0), kh = k.stride(1);
+  // Causal jobs differ in cost (a late block of a long sequence reads every key before it), and
+  // at::parallel_for hands each thread one contiguous run of its range: so each thread gets a
+  // share of jobs balanced by cost (the costliest first, each to the least loaded share).
+  auto cost = [&](const Job& job) {
+    const int64_t cached = prefixed ? (pst[job.seq + 1] - pst[job.seq]) * PS : 0;
+    return (job.last - job.first) * (cached + job.last - st[job.seq]);
+  };
+  const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), jobs.size()));
+  std::vector<std::vector<int64_t>> share(shares);
+  {
+    std::vector<int64_t> order(jobs.size());
+    for (size_t j = 0; j < jobs.size(); ++j) order[j] = static_cast<int64_t>(j);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost(jobs[a]) > cost(jobs[b]); });
+    std::vector<int64_t> load(shares, 0);
+    for (int64_t j : order) {
+      const int64_t least = std::min_element(load.begin(), load.end()) - load.begin();
+      share[least].push_back(j);
+      load[least] += cost(jobs[j]);
+    }
+  }
   PathCount count;
-  at::parallel_for(0, static_cast<int64_t>(jobs.size()), 1, [&](int64_t lo, int64_t hi) {
+  at::parallel_for(0, shares, 1, [&](int64_t lo, int64_t hi) {
     std::vector<const float*> kptr, vptr;
     std::vector<float> scores;
 #if PW_VECTOR == 16
@@ -715,7 +735,8 @@ PathRows causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
     std::vector<int64_t> lens;
 #endif
     int64_t rows[2] = {0, 0};
-    for (int64_t j = lo; j < hi; ++j) {
+    for (int64_t c = lo; c < hi; ++c)
+    for (int64_t j : share[c]) {
       const Job& job = jobs[j];
       const int64_t start = st[job.seq], n_max = job.last - start;
       const int64_t cached = prefixed ? (pst[job.seq + 1] - pst[job.seq]) * PS : 0;
