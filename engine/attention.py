@@ -40,13 +40,18 @@ class DenseCausalAttention:
                 and k.stride(2) == 1 and k.stride() == v.stride() and cpu_extension.usable(q, k, v)
                 and cpu_extension.extension().vectorized_for(q.shape[-1]))
 
+    def _kernel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *prefix: torch.Tensor) -> torch.Tensor:
+        """The C++ prefill over the packed sequences (prefix: k_cache, v_cache, prefix pages and
+        their bounds, for sequences after a cached prefix)."""
+        if self.starts is None:
+            self.starts = torch.tensor([0] + [end for _, end in self.bounds], dtype=torch.int64)
+        out = torch.empty(q.shape, dtype=q.dtype)
+        cpu_extension.extension().causal_prefill(q, k, v, self.starts, q.shape[-1] ** -0.5, out, True, *prefix)
+        return out
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self._kernel_takes(q, k, v):
-            if self.starts is None:
-                self.starts = torch.tensor([0] + [end for _, end in self.bounds], dtype=torch.int64)
-            out = torch.empty(q.shape, dtype=q.dtype)
-            cpu_extension.extension().causal_prefill(q, k, v, self.starts, q.shape[-1] ** -0.5, out, True)
-            return out
+            return self._kernel(q, k, v)
         group = q.shape[1] // k.shape[1]
         out = torch.empty_like(q)
         for start, end in self.bounds:
@@ -122,12 +127,7 @@ class PagedPrefixPrefillAttention(PagedPrefillAttention):
         self.kv.write(layer, k, v)
         k_cache, v_cache = self.pool.k_cache(layer), self.pool.v_cache(layer)
         if self._kernel_takes(q, k, v) and cpu_extension.usable(k_cache, v_cache):
-            if self.starts is None:
-                self.starts = torch.tensor([0] + [end for _, end in self.bounds], dtype=torch.int64)
-            out = torch.empty(q.shape, dtype=q.dtype)
-            cpu_extension.extension().causal_prefill(q, k, v, self.starts, q.shape[-1] ** -0.5, out, True,
-                                                     k_cache, v_cache, self._flat_pages, self._prefix_starts)
-            return out
+            return self._kernel(q, k, v, k_cache, v_cache, self._flat_pages, self._prefix_starts)
         group = q.shape[1] // k.shape[1]
         out = torch.empty_like(q)
         for (start, end), cached, pages in zip(self.bounds, self.cached, self.prefix_pages):

@@ -707,10 +707,8 @@ PathRows causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
   // Causal jobs differ in cost (a late block of a long sequence reads every key before it), and
   // at::parallel_for hands each thread one contiguous run of its range: so each thread gets a
   // share of jobs balanced by cost (the costliest first, each to the least loaded share).
-  auto cost = [&](const Job& job) {
-    const int64_t cached = prefixed ? (pst[job.seq + 1] - pst[job.seq]) * PS : 0;
-    return (job.last - job.first) * (cached + job.last - st[job.seq]);
-  };
+  auto cached_of = [&](int64_t seq) -> int64_t { return prefixed ? (pst[seq + 1] - pst[seq]) * PS : 0; };
+  auto cost = [&](const Job& job) { return (job.last - job.first) * (cached_of(job.seq) + job.last - st[job.seq]); };
   const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), jobs.size()));
   std::vector<std::vector<int64_t>> share(shares);
   {
@@ -739,7 +737,7 @@ PathRows causal_prefill(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
     for (int64_t j : share[c]) {
       const Job& job = jobs[j];
       const int64_t start = st[job.seq], n_max = job.last - start;
-      const int64_t cached = prefixed ? (pst[job.seq + 1] - pst[job.seq]) * PS : 0;
+      const int64_t cached = cached_of(job.seq);
       kptr.resize(cached + n_max);
       vptr.resize(cached + n_max);
       for (int64_t t = 0; t < cached; ++t) {

@@ -13,31 +13,19 @@ import pytest
 from kernels import cpu_extension
 
 
-@pytest.fixture
-def extension(monkeypatch):
-    monkeypatch.delenv(cpu_extension.ENV_VAR, raising=False)
-    extension = cpu_extension.extension  # a test may replace it; the cache is this one's
-    extension.cache_clear()
-    ext = extension()
-    if ext is None:
-        pytest.skip(f"the CPU kernels did not build here: {cpu_extension.build_failure()}")
-    yield ext
-    extension.cache_clear()
-
-
 @pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
-def test_the_module_opens_parallel_regions_through_openmp(extension):
-    undefined = subprocess.run(["nm", "-D", "--undefined-only", extension.__file__], capture_output=True, text=True,
+def test_the_module_opens_parallel_regions_through_openmp(built):
+    undefined = subprocess.run(["nm", "-D", "--undefined-only", built.__file__], capture_output=True, text=True,
                                check=True).stdout
     assert "GOMP_parallel" in undefined, "built without -fopenmp: at::parallel_for runs on one thread"
 
 
-def test_one_openmp_runtime_torchs(extension):
+def test_one_openmp_runtime_torchs(built):
     runtimes = cpu_extension.openmp_runtimes()
     assert len(runtimes) == 1 and "torch" in runtimes[0], runtimes
 
 
-def test_a_build_that_brings_a_second_runtime_is_refused(monkeypatch, extension):
+def test_a_build_that_brings_a_second_runtime_is_refused(monkeypatch, built):
     cpu_extension.extension.cache_clear()
     monkeypatch.setattr(cpu_extension, "openmp_runtimes", lambda: ["/x/torch/lib/libgomp.so.1", "/usr/lib/libomp.so"])
     monkeypatch.setattr(cpu_extension, "_failure", [])

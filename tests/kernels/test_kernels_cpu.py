@@ -31,16 +31,7 @@ from tests.kernels.test_kernels_ref import (
 )
 
 PATHS = [pytest.param(True, id="vector"), pytest.param(False, id="plain")]
-
-
-@pytest.fixture(autouse=True)
-def built(monkeypatch):
-    """The kernels as the engine gets them: PAGEWARDEN_CPU_KERNELS unset, built (or cached)."""
-    monkeypatch.delenv(cpu_extension.ENV_VAR, raising=False)
-    extension = cpu_extension.extension  # a test may replace it; the cache is this one's
-    extension.cache_clear()
-    yield extension()
-    extension.cache_clear()
+pytestmark = pytest.mark.usefixtures("built")  # tests/kernels/conftest.py
 
 
 def attend(case, vectorized=True, plan=None):

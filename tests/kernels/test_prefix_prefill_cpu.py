@@ -16,18 +16,7 @@ from kernels import cpu_extension
 from tests.kernels.test_kernels_cpu import PATHS, assert_close, fused_qkv
 
 PAGE = 16
-
-
-@pytest.fixture(autouse=True)
-def built(monkeypatch):
-    monkeypatch.delenv(cpu_extension.ENV_VAR, raising=False)
-    extension = cpu_extension.extension  # a test may replace it; the cache is this one's
-    extension.cache_clear()
-    ext = extension()
-    if ext is None:
-        pytest.skip(f"the CPU kernels did not build here: {cpu_extension.build_failure()}")
-    yield ext
-    extension.cache_clear()
+pytestmark = pytest.mark.usefixtures("built")  # tests/kernels/conftest.py
 
 
 def pool_views(gen, pages: int, kv_heads: int, head_dim: int, layers: int = 2):
